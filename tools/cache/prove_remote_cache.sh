@@ -5,7 +5,9 @@
 #     test result must come from the cache.
 #  2. This clone after `bazel clean --expunge`: the same.
 # Prints the counts and exits non-zero if anything had to run locally.
+#   tools/cache/prove_remote_cache.sh [TARGETS...]   (default //...)
 set -euo pipefail
+targets=("${@:-//...}")
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 work=$(mktemp -d /tmp/kitchen-cache-proof.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -26,13 +28,13 @@ verdict() {
 
 echo "== second clone in $work/clone"
 git clone -q "$root" "$work/clone"
-(cd "$work/clone" && ./bazel --output_base="$work/output_base" test //... --config=remote \
+(cd "$work/clone" && ./bazel --output_base="$work/output_base" test "${targets[@]}" --config=remote \
   >"$work/clone.log" 2>&1) || true
 verdict "second clone" "$work/clone.log" || status=1
 (cd "$work/clone" && ./bazel --output_base="$work/output_base" shutdown) || true
 
 echo "== this clone after bazel clean --expunge"
-(cd "$root" && ./bazel clean --expunge && ./bazel test //... --config=remote >"$work/expunge.log" 2>&1) || true
+(cd "$root" && ./bazel clean --expunge && ./bazel test "${targets[@]}" --config=remote >"$work/expunge.log" 2>&1) || true
 verdict "after clean --expunge" "$work/expunge.log" || status=1
 
 if ((status)); then
