@@ -34,7 +34,7 @@ verdict "second clone" "$work/clone.log" || status=1
 (cd "$work/clone" && ./bazel --output_base="$work/output_base" shutdown) || true
 
 echo "== this clone after bazel clean --expunge"
-(cd "$root" && ./bazel clean --expunge && ./bazel test "${targets[@]}" --config=remote >"$work/expunge.log" 2>&1) || true
+(cd "$root" && ./bazel clean --expunge >"$work/clean.log" 2>&1 && ./bazel test "${targets[@]}" --config=remote >"$work/expunge.log" 2>&1) || true
 verdict "after clean --expunge" "$work/expunge.log" || status=1
 
 if ((status)); then
