@@ -1,0 +1,274 @@
+"""A Llama-style decoder: RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention.
+
+Rows come packed from precook: several documents per row, positions restarting at each
+document. Attention never crosses a document boundary: a block-diagonal causal mask built from
+`document_ids`, or on CUDA in bf16 the variable-length flash path, which skips the masked
+blocks instead of computing and discarding them.
+
+The elementwise ops and the loss go through `ops`: the `kernels` package (fused Triton) where
+it runs, else `kernels.reference` (plain PyTorch, same signatures).
+"""
+
+import inspect
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import kernels
+from kernels import reference
+
+
+def select_ops(use_kernels: bool, device):
+    """`kernels` when asked for and Triton runs on `device`, else the PyTorch reference."""
+    return kernels if use_kernels and kernels.triton_available(device) else reference
+
+
+class Layout(NamedTuple):
+    """Who attends to whom in a batch. All None: plain causal attention over each row."""
+
+    mask: torch.Tensor | None = None  # (B, 1, T, T) bool, True = may attend
+    cu_seqlens: torch.Tensor | None = None  # (segments + 1,) int32 offsets into B*T tokens
+    max_len: int = 0  # longest segment, for the variable-length kernel
+
+
+def _varlen_attn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+VARLEN_ATTN = _varlen_attn()
+
+
+def attention_layout(document_ids: torch.Tensor, device, dtype) -> Layout:
+    """The Layout for a batch of packed rows; `document_ids` (B, T) are still on the CPU.
+
+    Padding (-1) forms its own segment: it attends only to padding and carries no loss.
+    """
+    doc = document_ids
+    if bool((doc == doc[:, :1]).all()) and bool((doc[:, 0] >= 0).all()):
+        return Layout()  # one document per row: the causal fast path
+    device = torch.device(device)
+    if VARLEN_ATTN is not None and device.type == "cuda" and dtype != torch.float32:
+        flat = doc.reshape(-1)
+        starts = torch.ones_like(flat, dtype=torch.bool)
+        starts[1:] = flat[1:] != flat[:-1]
+        starts[:: doc.shape[1]] = True  # every row starts a segment
+        offsets = torch.nonzero(starts).flatten()
+        cu = torch.cat([offsets, torch.tensor([flat.numel()])]).to(torch.int32)
+        return Layout(cu_seqlens=cu.to(device), max_len=int((cu[1:] - cu[:-1]).max()))
+    T = doc.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    mask = (doc[:, :, None] == doc[:, None, :]) & causal
+    return Layout(mask=mask[:, None].to(device))
+
+
+def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin, (max_len, head_dim), rotate-half convention."""
+    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), freqs)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+class KVCache:
+    """Keys and values of every layer for incremental decoding; `pos` tokens are filled."""
+
+    def __init__(self, model: "Transformer", batch: int, max_len: int, device, dtype):
+        a = model.layers[0].attention
+        shape = (batch, max_len, a.n_kv_heads, a.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
+        self.pos = 0
+        self.max_len = max_len
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float, ops):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.ops = ops
+
+    def forward(self, x):
+        return self.ops.rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg, ops):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
+        self.head_dim = cfg.dim // cfg.n_heads
+        self.wq = nn.Linear(cfg.dim, self.n_heads * self.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.dim, bias=False)
+        self.ops = ops
+
+    def forward(self, x, cos, sin, layout: Layout, cache: KVCache | None = None, layer=0):
+        B, S, _ = x.shape
+        q = self.wq(x).view(B, S, self.n_heads, self.head_dim)
+        k = self.wk(x).view(B, S, self.n_kv_heads, self.head_dim)
+        v = self.wv(x).view(B, S, self.n_kv_heads, self.head_dim)
+        q, k = self.ops.apply_rope(q, k, cos, sin)
+        if layout.cu_seqlens is not None:
+            out = _varlen(q, k, v, layout)
+        elif cache is not None:
+            out = self._attend_cached(q, k, v, cache, layer)
+        else:
+            mask = layout.mask
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2),
+                k.transpose(1, 2),
+                v.transpose(1, 2),
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            ).transpose(1, 2)
+        return self.wo(out.reshape(B, S, -1))
+
+    def _attend_cached(self, q, k, v, cache: KVCache, layer: int):
+        S, pos = q.shape[1], cache.pos
+        cache.k[layer][:, pos : pos + S] = k
+        cache.v[layer][:, pos : pos + S] = v
+        keys, values = cache.k[layer][:, : pos + S], cache.v[layer][:, : pos + S]
+        # Query i sits at position pos + i and sees every key up to there.
+        mask = torch.ones(S, pos + S, dtype=torch.bool, device=q.device).tril(pos)
+        return F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=mask,
+            enable_gqa=self.n_kv_heads != self.n_heads,
+        ).transpose(1, 2)
+
+
+def _varlen(q, k, v, layout: Layout):
+    B, S, H, D = q.shape
+    params = inspect.signature(VARLEN_ATTN).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if k.shape[2] != H and "enable_gqa" not in params:
+        k, v = (t.repeat_interleave(H // t.shape[2], dim=2) for t in (k, v))
+    elif k.shape[2] != H:
+        causal["enable_gqa"] = True
+    cu, n = layout.cu_seqlens, layout.max_len
+    out = VARLEN_ATTN(
+        q.reshape(B * S, H, D),
+        k.reshape(B * S, k.shape[2], D),
+        v.reshape(B * S, v.shape[2], D),
+        cu,
+        cu,
+        n,
+        n,
+        **causal,
+    )
+    return out.view(B, S, H, D)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int, hidden: int, ops):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False)  # gate
+        self.w3 = nn.Linear(dim, hidden, bias=False)  # up
+        self.w2 = nn.Linear(hidden, dim, bias=False)  # down
+        self.ops = ops
+
+    def forward(self, x):
+        return self.w2(self.ops.swiglu(self.w1(x), self.w3(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg, ops, recompute: str):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
+        self.attention = Attention(cfg, ops)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
+        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim, ops)
+        self.recompute = recompute  # "NONE", "SELECTIVE" (attention) or "FULL" (the block)
+
+    def _attend(self, x, cos, sin, layout):
+        return self.attention(self.attention_norm(x), cos, sin, layout)
+
+    def _forward(self, x, cos, sin, layout):
+        if self.recompute == "SELECTIVE" and torch.is_grad_enabled():
+            h = x + checkpoint(self._attend, x, cos, sin, layout, use_reentrant=False)
+        else:
+            h = x + self._attend(x, cos, sin, layout)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+    def forward(self, x, cos, sin, layout: Layout, cache: KVCache | None = None, layer=0):
+        if cache is not None:
+            h = x + self.attention(self.attention_norm(x), cos, sin, layout, cache, layer)
+            return h + self.feed_forward(self.ffn_norm(h))
+        if self.recompute == "FULL" and torch.is_grad_enabled():
+            return checkpoint(self._forward, x, cos, sin, layout, use_reentrant=False)
+        return self._forward(x, cos, sin, layout)
+
+
+class Transformer(nn.Module):
+    """`cfg` is a resolved ModelConfig; `vocab_size` comes from the tokenizer."""
+
+    def __init__(self, cfg, vocab_size: int, ops=reference, recompute: str = "NONE"):
+        super().__init__()
+        self.vocab_size, self.n_layers = vocab_size, cfg.n_layers
+        self.tok_embeddings = nn.Embedding(vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg, ops, recompute) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
+        self.output = nn.Linear(cfg.dim, vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+        self.ops = ops
+        self.init_weights()
+
+    @torch.no_grad()
+    def init_weights(self):
+        """GPT-2 style: N(0, 0.02), residual projections scaled down by depth, norms at 1."""
+        for name, p in self.named_parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            elif name.endswith(("wo.weight", "w2.weight")):
+                p.normal_(0.0, 0.02 / math.sqrt(2 * self.n_layers))
+            else:
+                p.normal_(0.0, 0.02)
+
+    def hidden(self, input_ids, position_ids, layout: Layout | None = None, cache=None):
+        """The final normed hidden states, (B, T, dim)."""
+        layout = layout or Layout()
+        cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]
+        x = self.tok_embeddings(input_ids)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, layout, cache, i)
+        if cache is not None:
+            cache.pos += input_ids.shape[1]
+        return self.norm(x)
+
+    def forward(
+        self, input_ids, position_ids, layout: Layout | None = None, labels=None, cache=None
+    ):
+        """Logits (B, T, vocab) in fp32, or with `labels` the summed cross entropy over the
+        tokens that have a label (not -100): the caller divides by the global token count."""
+        h = self.hidden(input_ids, position_ids, layout, cache)
+        weight = self.output.weight
+        if labels is None:
+            return F.linear(h, weight).float()
+        if torch.is_autocast_enabled(h.device.type):
+            dtype = torch.get_autocast_dtype(h.device.type)
+            h, weight = h.to(dtype), weight.to(dtype)
+        return self.ops.fused_linear_cross_entropy(
+            h.reshape(-1, h.shape[-1]), weight, labels.reshape(-1), reduction="sum"
+        )
+
+    def matmul_params(self) -> int:
+        """Weights used in a matmul per token: the blocks and the output head (the input
+        embedding is a table lookup), the N of 6·N in FLOPs per token, as torchtitan counts."""
+        blocks = sum(p.numel() for p in self.layers.parameters())
+        return blocks + self.output.weight.numel()
