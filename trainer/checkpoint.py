@@ -1,0 +1,229 @@
+"""Checkpoints: atomic, checksummed, the last K kept, a damaged one skipped with a warning.
+
+A checkpoint is a directory `step_00000050/` holding
+  model.pt     the full (unsharded) model state dict
+  train.pt     optimizer, scheduler, RNG states of every rank, loss guard, counters
+  meta.json    step, SHA-256 and size of both files, loader positions of every rank, and what
+               is needed to rebuild the model (its config and vocabulary size)
+It is written into a temporary directory beside the others, every file fsynced, then renamed
+into place: a crash mid-save leaves the previous checkpoint as the newest complete one.
+Only rank 0 writes; every rank joins in gathering sharded (FSDP) state.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from trainer import distributed
+
+PREFIX = "step_"
+FILES = ("model.pt", "train.pt")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that is missing, incomplete or does not match its checksums."""
+
+
+class _HashingFile:
+    """A write-only file that computes SHA-256 of what passes through it, for torch.save."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "wb")  # noqa: SIM115 (closed in close())
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def close(self) -> dict:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        return {"sha256": self.sha.hexdigest(), "bytes": self.size}
+
+
+def _save(obj, path: Path) -> dict:
+    out = _HashingFile(path)
+    try:
+        torch.save(obj, out)
+    finally:
+        info = out.close()
+    return info
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sha256(path: Path) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def _state_options():
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def model_state(model) -> dict:
+    """The full model state dict on CPU (gathered from every rank under FSDP)."""
+    if not distributed.active():
+        return {k: v.detach().cpu() for k, v in distributed.unwrap(model).state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_state_options())
+
+
+def optimizer_state(model, optimizer) -> dict:
+    if not distributed.active():
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_state_options())
+
+
+def load_model_state(model, state: dict) -> None:
+    if not distributed.active():
+        distributed.unwrap(model).load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, state, options=_state_options())
+
+
+def load_optimizer_state(model, optimizer, state: dict) -> None:
+    if not distributed.active():
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=_state_options())
+
+
+def verify(path: Path, files=FILES) -> dict:
+    """meta.json of checkpoint `path` after checking `files` against it; else CheckpointError."""
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: meta.json unreadable ({e})") from e
+    for name in files:
+        expected = meta.get("files", {}).get(name)
+        file = path / name
+        if expected is None or not file.exists():
+            raise CheckpointError(f"{path}: {name} missing")
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            raise CheckpointError(f"{path}: {name} is {size} bytes, expected {expected['bytes']}")
+        if _sha256(file) != expected["sha256"]:
+            raise CheckpointError(f"{path}: {name} does not match its SHA-256")
+    return meta
+
+
+def checkpoints(directory: Path) -> list[Path]:
+    """Complete checkpoint directories in `directory`, oldest first."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+
+
+def newest_valid(directory: Path, files=FILES, warn=print) -> tuple[Path, dict] | None:
+    """The newest checkpoint that passes `verify`, warning about each damaged one skipped."""
+    for path in reversed(checkpoints(directory)):
+        try:
+            return path, verify(path, files)
+        except CheckpointError as e:
+            warn(f"WARNING: skipping damaged checkpoint: {e}")
+    return None
+
+
+class Checkpointer:
+    """Saves and finds the checkpoints of one run directory (`<run_dir>/checkpoints`)."""
+
+    def __init__(self, directory: Path, keep_last: int, is_main: bool):
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.is_main = is_main
+        if is_main:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for stale in self.directory.glob(".tmp-*"):  # a save that died midway
+                shutil.rmtree(stale, ignore_errors=True)
+
+    def save(self, step: int, model, optimizer, train_state: dict, meta: dict) -> Path:
+        """Collective: every rank calls it. `train_state` is this rank's (RNG included);
+        `meta` is JSON and must carry "loader": this rank's loader state."""
+        model_sd = model_state(model)
+        optim_sd = optimizer_state(model, optimizer)
+        ranks = distributed.gather_objects({"train": train_state, "loader": meta["loader"]})
+        final = self.directory / f"{PREFIX}{step:08d}"
+        if self.is_main:
+            tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            files = {
+                "model.pt": _save(model_sd, tmp / "model.pt"),
+                "train.pt": _save(
+                    {"optimizer": optim_sd, "ranks": [r["train"] for r in ranks]},
+                    tmp / "train.pt",
+                ),
+            }
+            full_meta = dict(meta, step=step, files=files, saved_at=time.time())
+            full_meta["loader"] = [r["loader"] for r in ranks]
+            with open(tmp / "meta.json", "w") as f:
+                json.dump(full_meta, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            if final.exists():  # the same step saved again (after a rollback): replace it
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.directory)
+            for old in checkpoints(self.directory)[: -self.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+        distributed.barrier()
+        return final
+
+    def find(self, warn=print) -> tuple[Path, dict] | None:
+        """Collective: the newest valid checkpoint, chosen on rank 0 and shared."""
+        found = newest_valid(self.directory, warn=warn) if self.is_main else None
+        return distributed.broadcast_object(found)
+
+
+def load(path: Path, model, optimizer, rank: int) -> dict:
+    """Restore model and optimizer from checkpoint `path`; return this rank's train state."""
+    load_model_state(model, torch.load(path / "model.pt", map_location="cpu", mmap=True))
+    train = torch.load(path / "train.pt", map_location="cpu", weights_only=False)
+    load_optimizer_state(model, optimizer, train["optimizer"])
+    return train["ranks"][rank]
+
+
+def load_model(path: Path, device, use_kernels: bool = True):
+    """(model, meta) for evaluation or generation: the model alone, rebuilt from meta.json."""
+    from google.protobuf import json_format
+
+    from protos import trainer_config_pb2
+    from trainer.model import Transformer, select_ops
+
+    path = Path(path)
+    meta = verify(path, files=("model.pt",))
+    model_cfg = json_format.ParseDict(meta["model"], trainer_config_pb2.ModelConfig())
+    model = Transformer(model_cfg, meta["vocab_size"], ops=select_ops(use_kernels, device))
+    model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", mmap=True))
+    return model.to(device).eval(), meta
