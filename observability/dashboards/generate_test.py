@@ -1,0 +1,94 @@
+"""The committed dashboard JSON is what the code renders, and it is wired up consistently."""
+
+import json
+
+import yaml
+
+from observability.dashboards import generate
+from observability.dashboards.panels import DATASOURCE_UID
+from observability.queries import DASHBOARDS_DIR, dashboard_files
+
+PROVISIONING_DIR = DASHBOARDS_DIR.parent / "provisioning"
+
+
+def boards() -> dict[str, dict]:
+    return {path.stem: json.loads(path.read_text()) for path in dashboard_files()}
+
+
+def test_committed_json_is_current():
+    stale = generate.stale_files(DASHBOARDS_DIR)
+    assert not stale, f"{stale} stale: run `bazel run //observability/dashboards:generate`"
+    assert sorted(generate.render_all()) == [p.name for p in dashboard_files()]
+
+
+def test_stale_json_is_detected(tmp_path):
+    for name, text in generate.render_all().items():
+        (tmp_path / name).write_text(text.replace('"Loss"', '"Loss (old)"'))
+    assert generate.stale_files(tmp_path) == ["kitchen-run.json"]
+
+
+def test_every_panel_has_an_id_a_query_a_unit_and_help():
+    for uid, board in boards().items():
+        assert board["uid"] == uid
+        panels = board["panels"]
+        assert [p["id"] for p in panels] == list(range(1, len(panels) + 1))
+        for panel in panels:
+            if panel["type"] == "row":
+                continue
+            where = f"{uid}: {panel['title']}"
+            assert panel["targets"] and all(t["expr"].strip() for t in panel["targets"]), where
+            assert len({t["refId"] for t in panel["targets"]}) == len(panel["targets"]), where
+            assert panel["fieldConfig"]["defaults"]["unit"], where
+            assert len(panel["description"]) > 20, where
+
+
+def _titles(board: dict) -> set[str]:
+    return {p["title"] for p in board["panels"] if p["type"] != "row"}
+
+
+def test_run_dashboard_answers_is_my_run_healthy():
+    board = boards()["kitchen-run"]
+    assert {
+        "Loss",
+        "MFU",
+        "Throughput",
+        "Step time p50 / p99",
+        "Goodput",
+        "Peak memory",
+        "Padding fraction",
+        "Restarts and preemptions",
+        "Gradient norm",
+    } <= _titles(board)
+    (variable,) = board["templating"]["list"]
+    assert variable["name"] == "job" and variable["multi"] and variable["includeAll"]
+    for panel in board["panels"]:
+        for target in panel.get("targets", []):
+            assert 'job=~"$job"' in target["expr"], panel["title"]
+
+
+def test_fleet_dashboard_shows_queue_waits_states_and_pools():
+    titles = _titles(boards()["kitchen-fleet"])
+    assert {
+        "Queue depth",
+        "Queue wait p50 / p99",
+        "Jobs by state",
+        "Pool throughput",
+        "Pool usage",
+        "GPUs in use",
+        "Running jobs per pool",
+    } <= titles
+
+
+def test_provisioning_points_grafana_at_the_datasource_the_panels_use():
+    (datasource,) = yaml.safe_load(
+        (PROVISIONING_DIR / "datasources" / "kitchen-prometheus.yml").read_text()
+    )["datasources"]
+    assert datasource["uid"] == DATASOURCE_UID and datasource["type"] == "prometheus"
+    (provider,) = yaml.safe_load((PROVISIONING_DIR / "dashboards" / "kitchen.yml").read_text())[
+        "providers"
+    ]
+    assert provider["type"] == "file" and provider["options"]["path"]
+    for uid, board in boards().items():
+        for panel in board["panels"]:
+            if panel["type"] != "row":
+                assert panel["datasource"] == {"type": "prometheus", "uid": DATASOURCE_UID}, uid

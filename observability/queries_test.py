@@ -1,0 +1,63 @@
+"""Pulling PromQL out of Grafana dashboards and rule files."""
+
+import json
+
+import pytest
+
+from observability.queries import (
+    all_queries,
+    dashboard_queries,
+    substitute_grafana_variables,
+    variable_query_to_promql,
+)
+
+
+def test_grafana_variables_become_promql():
+    expr = 'rate(x{job=~"$job", pool=~"${pool}"}[$__rate_interval]) or y{t="[[team]]"}'
+    assert substitute_grafana_variables(expr, {"job", "pool", "team"}) == (
+        'rate(x{job=~".+", pool=~".+"}[1m]) or y{t=".+"}'
+    )
+    with pytest.raises(ValueError, match=r"unknown Grafana variable \$jbo"):
+        substitute_grafana_variables('x{job=~"$jbo"}', {"job"})
+
+
+def test_label_values_become_a_grouping_query():
+    assert variable_query_to_promql("label_values(kitchen_train_loss, job)") == (
+        "group by (job) (kitchen_train_loss)"
+    )
+    assert variable_query_to_promql("label_values(pool)") == 'group by (pool) ({pool!=""})'
+    assert variable_query_to_promql("up == 1") == "up == 1"
+
+
+def test_collapsed_rows_are_searched_and_hidden_targets_skipped(tmp_path):
+    board = {
+        "templating": {"list": [{"type": "query", "name": "job", "query": {"query": "up"}}]},
+        "panels": [
+            {
+                "type": "row",
+                "title": "r",
+                "panels": [
+                    {
+                        "title": "inner",
+                        "targets": [
+                            {"refId": "A", "expr": 'a{job=~"$job"}'},
+                            {"refId": "B", "expr": "b", "hide": True},
+                        ],
+                    },
+                ],
+            },
+        ],
+    }
+    path = tmp_path / "board.json"
+    path.write_text(json.dumps(board))
+    queries = dashboard_queries(path)
+    assert [(q.kind, q.expr) for q in queries] == [("variable", "up"), ("panel", 'a{job=~".+"}')]
+    assert queries[1].source == "board.json: panel 'inner' (A)"
+
+
+def test_all_committed_queries_are_found():
+    queries = all_queries()
+    kinds = [q.kind for q in queries]
+    assert kinds.count("variable") == 2 and kinds.count("panel") >= 25
+    assert kinds.count("record") == 12 and kinds.count("alert") == 10
+    assert all("$" not in q.expr for q in queries if q.kind in ("panel", "variable"))

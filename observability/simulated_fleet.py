@@ -1,0 +1,158 @@
+"""A simulated fleet feeding the launcher's real exporter, served on a real /metrics endpoint.
+
+Dashboard and rule checks need series that move like a busy launcher's (steps land in the
+step-time histogram, tokens accumulate, jobs leave the queue) within seconds and without
+running trainers. The series come from launcher.metrics.LauncherMetrics itself, fed with real
+Job and Progress messages, so their names, types and labels are the launcher's, not a copy.
+tests/ runs the same checks against the whole launcher running a real tiny job.
+"""
+
+import math
+import random
+import threading
+from dataclasses import dataclass
+
+from prometheus_client import start_http_server
+
+from launcher.metrics import LauncherMetrics
+from protos import job_pb2, progress_pb2
+
+# (nodes, GPUs per node) of the simulated pools.
+POOLS = {"cpu": (1, 0), "h100": (8, 8)}
+
+
+@dataclass
+class SimulatedJob:
+    """A running training job and the shape of its curves."""
+
+    job: job_pb2.Job
+    step_seconds: float
+    tokens_per_step: int
+    mfu: float
+    peak_memory_bytes: int
+    padding_fraction: float
+    step: int = 0
+    diverged: bool = False  # set to make the loss NaN from the next step on
+
+
+def _job(job_id: str, name: str, kind: int, pool: str, team: str, attempts: int) -> job_pb2.Job:
+    job = job_pb2.Job(id=job_id, state=job_pb2.RUNNING, attempts=attempts, pool=pool)
+    job.spec.name, job.spec.kind, job.spec.team = name, kind, team
+    return job
+
+
+def default_fleet() -> list[SimulatedJob]:
+    """A tiny CPU pretraining job and an H100 SFT job on its second attempt."""
+    return [
+        SimulatedJob(
+            _job("j-0001", "tiny", job_pb2.PRETRAIN, "cpu", "ml", attempts=1),
+            step_seconds=0.35,
+            tokens_per_step=8192,
+            mfu=0.06,
+            peak_memory_bytes=2_100_000_000,
+            padding_fraction=0.0,
+        ),
+        SimulatedJob(
+            _job("j-0002", "chat-sft", job_pb2.SFT, "h100", "research", attempts=2),
+            step_seconds=1.2,
+            tokens_per_step=524288,
+            mfu=0.41,
+            peak_memory_bytes=61_000_000_000,
+            padding_fraction=0.18,
+        ),
+    ]
+
+
+class SimulatedFleet:
+    """Serves the launcher's metrics on 127.0.0.1 and advances the fleet every `tick_s`."""
+
+    def __init__(self, jobs: list[SimulatedJob] | None = None, tick_s: float = 0.1, seed: int = 0):
+        self.metrics = LauncherMetrics(retention_seconds=900, fleet=self.fleet)
+        self.jobs = jobs if jobs is not None else default_fleet()
+        self.tick_s = tick_s
+        self.rng = random.Random(seed)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._server = None
+        self.port = 0
+
+    def fleet(self) -> dict:
+        """The launcher-wide numbers, in the shape launcher.controller.Controller.fleet gives."""
+        with self._lock:
+            queued = {pool: self.rng.randint(1, 4) for pool in POOLS}
+        running = {pool: [j for j in self.jobs if j.job.pool == pool] for pool in POOLS}
+        counts = {(job_pb2.RUNNING, pool): len(jobs) for pool, jobs in running.items()}
+        counts.update({(job_pb2.QUEUED, pool): n for pool, n in queued.items()})
+        counts.update({(job_pb2.SUCCEEDED, "cpu"): 41, (job_pb2.FAILED, "h100"): 2})
+        pools = {
+            pool: {
+                "nodes_capacity": nodes,
+                "gpus_capacity": nodes * gpus,
+                "nodes_in_use": len(running[pool]),
+                "gpus_in_use": len(running[pool]) * gpus,
+            }
+            for pool, (nodes, gpus) in POOLS.items()
+        }
+        return {"counts": counts, "queued": queued, "pools": pools}
+
+    def start(self) -> str:
+        """Starts serving; returns the scrape target "127.0.0.1:PORT"."""
+        for sim in self.jobs:
+            for attempt in range(1, sim.job.attempts + 1):
+                self.metrics.attempt_started(sim.job, waited_seconds=12.0 * attempt)
+                if attempt < sim.job.attempts:
+                    self.metrics.attempt_ended(sim.job, preempted=False)
+        self.tick()
+        self._server, _ = start_http_server(0, addr="127.0.0.1", registry=self.metrics.registry)
+        self.port = self._server.server_port
+        self._thread.start()
+        return f"127.0.0.1:{self.port}"
+
+    def progress(self, sim: SimulatedJob) -> progress_pb2.Progress:
+        """The next step's report, as a trainer would send it."""
+        rng = self.rng
+        sim.step += 1
+        checkpoint = sim.step % 50 == 0  # a checkpoint write makes every 50th step slow
+        step_time = sim.step_seconds * rng.uniform(0.95, 1.08) * (4.0 if checkpoint else 1.0)
+        loss = 2.4 + 8.4 * math.exp(-sim.step / 300) + rng.gauss(0, 0.03)
+        return progress_pb2.Progress(
+            job_id=sim.job.id,
+            attempt=sim.job.attempts,
+            phase="train",
+            step=sim.step,
+            total_steps=100_000,
+            loss=math.nan if sim.diverged else loss,
+            eval_loss=loss + 0.1,
+            grad_norm=rng.uniform(0.5, 1.5),
+            lr=3e-4,
+            tokens_per_second=sim.tokens_per_step / step_time,
+            step_time_seconds=step_time,
+            data_time_seconds=0.02 * step_time,
+            mfu=sim.mfu * sim.step_seconds / step_time,
+            peak_memory_bytes=sim.peak_memory_bytes,
+            padding_fraction=sim.padding_fraction,
+            goodput=min(0.97, 0.5 + sim.step / 400),
+            tokens_total=sim.tokens_per_step * sim.step,
+        )
+
+    def tick(self) -> None:
+        """One step of every job, one job leaving each pool's queue, one scheduler pass."""
+        with self._lock:
+            for sim in self.jobs:
+                self.metrics.progress(sim.job, self.progress(sim))
+            for pool in POOLS:
+                wait = self.rng.expovariate(1 / 20)
+                self.metrics.queue_wait.labels(pool, "ml").observe(wait)
+            self.metrics.scheduler_pass.observe(self.rng.uniform(0.0004, 0.002))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            self.tick()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
