@@ -9,11 +9,11 @@ from trainer.sizing.accelerators import ACCELERATORS, match_accelerator
 
 def test_flops_per_token_by_hand():
     # Llama-2-7B: d=4096, 32 layers, 32 heads of 128, FFN 11008, vocab 32000, untied.
-    # Non-embedding: 32·(4·4096² + 3·4096·11008 + 2·4096) + 4096 + 32000·4096 (output head).
-    n = 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 4096 + 32000 * 4096
-    assert n == 6_607_343_616
-    # 6N = 39,644,061,696; 12·32·32·128·4096 = 6,442,450,944.
-    assert flops.flops_per_token(n, 32, 32, 128, 4096) == 39_644_061_696 + 6_442_450_944
+    # Non-embedding: 32·(4·4096² + 3·4096·11008 + 2·4096) + 32000·4096 (the output head).
+    n = 32 * (4 * 4096**2 + 3 * 4096 * 11008 + 2 * 4096) + 32000 * 4096
+    assert n == 6_607_339_520
+    # 6N = 39,644,037,120; 12·32·32·128·4096 = 6,442,450,944.
+    assert flops.flops_per_token(n, 32, 32, 128, 4096) == 39_644_037_120 + 6_442_450_944
 
 
 def test_reproduces_palm_540b_reported_mfu():

@@ -1,0 +1,315 @@
+"""plan: the arithmetic to do before a training run, each number with the formula behind it.
+
+    ./bazel run //trainer:plan -- --preset llama3-8b --tokens 1T --seq-len 8192 --gpu H200 --gpus 64
+    ./bazel run //trainer:plan -- --layers 16 --dim 2048 --heads 16 --vocab 32000 --tokens 20B
+    ./bazel run //trainer:plan -- --layers 4 --dim 256 --heads 8 --vocab 4096 --gpu cpu --gpus 1
+
+It prints total training FLOPs, wall-clock time and GPU-hours at an assumed MFU, memory per GPU
+under DDP and ZeRO-1/2/3 sharding, activation memory per recomputation mode, what fits on the
+chosen accelerator, and batch-size guidance. `--json` prints the same numbers for machines. The
+formulas live in trainer/sizing/{flops,memory,batch,params}.py, which the trainer imports too.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+
+from trainer.config import DEFAULTS, ffn_dim_for
+from trainer.sizing import batch, flops, memory
+from trainer.sizing.accelerators import ACCELERATORS, match_accelerator
+from trainer.sizing.params import llama_param_count
+from trainer.sizing.report import quantity, render
+
+GIB = memory.GIB
+q = quantity
+PRESETS = {  # public shapes, so that a plan for a known model needs no shape flags
+    "llama2-7b": dict(layers=32, dim=4096, heads=32, kv_heads=32, ffn_dim=11008, vocab=32000),
+    "llama3-8b": dict(layers=32, dim=4096, heads=32, kv_heads=8, ffn_dim=14336, vocab=128256),
+    "llama3-70b": dict(layers=80, dim=8192, heads=64, kv_heads=8, ffn_dim=28672, vocab=128256),
+}
+_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+
+
+class PlanError(ValueError):
+    """Bad flags; the message starts with the flag's name."""
+
+
+def count(text: str) -> float:
+    """A positive count such as 7e9, 7B, 300M, 1.5T, 4096."""
+    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([KMBGT]?)\s*", text, re.IGNORECASE)
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (e.g. 7e9, 7B, 300M, 1.5T)")
+    value = float(m.group(1)) * _SUFFIX.get(m.group(2).upper(), 1.0)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    m = p.add_argument_group("model (a --preset, or the shape flags)")
+    m.add_argument("--preset", choices=sorted(PRESETS), help="a known public model shape")
+    m.add_argument("--layers", type=int, help="transformer layers L")
+    m.add_argument("--dim", type=int, help="hidden size d")
+    m.add_argument("--heads", type=int, help="attention heads H (head dim Q = d/H)")
+    m.add_argument("--kv-heads", type=int, help="key/value heads (default: --heads)")
+    m.add_argument("--ffn-dim", type=int, help="SwiGLU width (default: the trainer's 8/3·d)")
+    m.add_argument("--vocab", type=int, help="vocabulary size V")
+    m.add_argument(
+        "--tie-embeddings",
+        action=argparse.BooleanOptionalAction,
+        help="output projection shares the embedding (default: the trainer's default; "
+        "presets are untied)",
+    )
+    m.add_argument("--params", type=count, help="total parameters, overriding the shape's count")
+    r = p.add_argument_group("run")
+    r.add_argument("--tokens", type=count, help="training tokens (default: 20 per parameter)")
+    r.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence T (2048)")
+    r.add_argument("--micro-batch", type=int, default=1, help="sequences per GPU per pass (1)")
+    r.add_argument(
+        "--global-batch", type=int, help="sequences per optimizer step (default: ~1M tokens)"
+    )
+    h = p.add_argument_group("hardware")
+    h.add_argument("--gpu", default="H100-SXM", help="accelerator: a table name or 'cpu'")
+    h.add_argument("--gpus", type=int, default=8, help="how many (data parallel) (8)")
+    h.add_argument("--mfu", type=float, default=0.4, help="assumed MFU, a fraction (0.4)")
+    h.add_argument("--peak-tflops", type=float, help="peak for an accelerator not in the table")
+    h.add_argument("--memory-gib", type=float, help="memory for an accelerator not in the table")
+    h.add_argument(
+        "--dtype", choices=["bf16", "fp32"], help="training precision (bf16; fp32 on cpu)"
+    )
+    h.add_argument(
+        "--dropout",
+        action="store_true",
+        help="count dropout masks, as Korthikanti et al. do (Kitchen's model has no dropout)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    return p
+
+
+def _shape(a) -> dict:
+    shape = dict(PRESETS[a.preset]) if a.preset else {}
+    shape["tie_embeddings"] = False if a.preset else DEFAULTS["model"]["tie_embeddings"]
+    for key in ("layers", "dim", "heads", "kv_heads", "ffn_dim", "vocab", "tie_embeddings"):
+        if getattr(a, key) is not None:
+            shape[key] = getattr(a, key)
+    for key in ("layers", "dim", "heads", "vocab"):
+        flag = "--" + key.replace("_", "-")
+        if key not in shape:
+            raise PlanError(f"{flag}: required (or give --preset)")
+        if shape[key] <= 0:
+            raise PlanError(f"{flag}: {shape[key]} must be positive")
+    shape.setdefault("kv_heads", shape["heads"])
+    shape.setdefault("ffn_dim", ffn_dim_for(shape["dim"]))
+    if shape["dim"] % shape["heads"]:
+        raise PlanError(f"--heads: {shape['heads']} does not divide --dim {shape['dim']}")
+    if shape["kv_heads"] <= 0 or shape["heads"] % shape["kv_heads"]:
+        raise PlanError(f"--kv-heads: {shape['kv_heads']} does not divide --heads {shape['heads']}")
+    if shape["ffn_dim"] <= 0:
+        raise PlanError(f"--ffn-dim: {shape['ffn_dim']} must be positive")
+    return shape
+
+
+def _hardware(a) -> tuple[str, float, str, float]:
+    """(name, peak FLOP/s, basis, memory GiB) of one accelerator."""
+    if a.gpu.lower() == "cpu":
+        peak, basis = flops.peak_flops_per_second("cpu", a.dtype)
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+        name, mem = "cpu", ram
+    else:
+        known = match_accelerator(a.gpu)
+        if known is None and (a.peak_tflops is None or a.memory_gib is None):
+            raise PlanError(
+                f"--gpu: {a.gpu!r} is not in the table ({', '.join(ACCELERATORS)}); "
+                "give --peak-tflops and --memory-gib for it"
+            )
+        name = known.key if known else a.gpu
+        if a.dtype == "fp32" and a.peak_tflops is None:
+            raise PlanError("--peak-tflops: required with --dtype fp32 (the table is bf16)")
+        peak, basis = (known.bf16_dense_flops, f"table:{known.key}") if known else (0.0, "")
+        mem = known.memory_gib if known else 0.0
+    if a.peak_tflops is not None:
+        if a.peak_tflops <= 0:
+            raise PlanError(f"--peak-tflops: {a.peak_tflops:g} must be positive")
+        peak, basis = a.peak_tflops * 1e12, "given (--peak-tflops)"
+    if a.memory_gib is not None:
+        if a.memory_gib <= 0:
+            raise PlanError(f"--memory-gib: {a.memory_gib:g} must be positive")
+        mem = a.memory_gib
+    return name, peak, basis, mem
+
+
+def make_plan(a) -> dict:
+    """All numbers of the plan, each as {value, unit, formula}, grouped in sections."""
+    for flag in ("seq_len", "micro_batch", "gpus"):
+        if getattr(a, flag) <= 0:
+            raise PlanError(f"--{flag.replace('_', '-')}: {getattr(a, flag)} must be positive")
+    if not 0 < a.mfu <= 1:
+        hint = f" (did you mean {a.mfu / 100:g}?)" if 1 < a.mfu <= 100 else ""
+        raise PlanError(f"--mfu: {a.mfu:g} is not a fraction in (0, 1]{hint}")
+    a.dtype = a.dtype or ("fp32" if a.gpu.lower() == "cpu" else "bf16")
+    s = _shape(a)
+    L, d, H, V, T = s["layers"], s["dim"], s["heads"], s["vocab"], a.seq_len
+    Q = d // H
+    pc = llama_param_count(d, L, H, s["kv_heads"], s["ffn_dim"], V, s["tie_embeddings"])
+    total = int(a.params) if a.params else pc.total
+    n = total - (0 if s["tie_embeddings"] else V * d) - d if a.params else pc.non_embedding
+    if n <= 0:
+        raise PlanError(f"--params: {total} is not more than the embedding's V·d = {V * d}")
+    tokens = a.tokens or 20.0 * total
+    tokens_basis = "given (--tokens)" if a.tokens else "20 × parameters (Chinchilla-optimal)"
+    model = {
+        "shape": {**s, "head_dim": Q},
+        "parameters": q(total, "params", "given (--params)" if a.params else "V·d + L·layer + d"),
+        "params_per_layer": q(pc.per_layer, "params", "2·d² + 2·d·KVH·Q + 3·d·f + 2·d"),
+        "non_embedding": q(n, "params", "L·layer + V·d (blocks and output projection)"),
+    }
+
+    fpt = flops.flops_per_token(n, L, H, Q, T)
+    attn = 12.0 * L * H * Q * T
+    compute = {
+        "tokens": q(tokens, "tokens", tokens_basis),
+        "flops_per_token": q(fpt, "FLOP", "6·N + 12·L·H·Q·T (PaLM app. B; forward + backward)"),
+        "attention_share": q(attn / fpt, "fraction", "12·L·H·Q·T / (6·N + 12·L·H·Q·T)"),
+        "total_flops": q(fpt * tokens, "FLOP", "FLOPs per token × tokens"),
+    }
+
+    gpu, peak, basis, mem_gib = _hardware(a)
+    cluster = a.gpus * peak * a.mfu
+    seconds = fpt * tokens / cluster
+    time = {
+        "accelerator": gpu,
+        "peak_flops_per_gpu": q(peak, "FLOP/s", f"{a.dtype} dense peak, basis {basis}"),
+        "mfu": q(a.mfu, "fraction", "assumed (--mfu)"),
+        "cluster_flops": q(cluster, "FLOP/s", "GPUs × peak × MFU"),
+        "tokens_per_second": q(cluster / fpt, "tokens/s", "cluster FLOP/s / FLOPs per token"),
+        "wall_clock": q(seconds, "s", "total FLOPs / cluster FLOP/s"),
+        "gpu_hours": q(seconds * a.gpus / 3600, "GPU-h", "wall clock × GPUs"),
+    }
+    return {
+        "model": model,
+        "compute": compute,
+        "time": time,
+        "memory": _memory(a, s, total, mem_gib),
+        "batch": _batch(a, T, cluster / fpt, tokens),
+    }
+
+
+def _memory(a, s, total: int, mem_gib: float) -> dict:
+    L, d, H, V, T, b = s["layers"], s["dim"], s["heads"], s["vocab"], a.seq_len, a.micro_batch
+    layout = "mixed" if a.dtype == "bf16" else "fp32"
+    w, g, o = memory.LAYOUTS[layout]
+    e = 2 if a.dtype == "bf16" else 4
+    states = {}
+    for level, sharding in enumerate(memory.SHARDINGS):
+        st = memory.model_state_bytes(total, layout=layout, sharding=sharding, world_size=a.gpus)
+        shard = ["", "/d"]
+        states[sharding] = {
+            "weights": q(st.weights, "B", f"{w}·N{shard[level >= 3]}"),
+            "gradients": q(st.gradients, "B", f"{g}·N{shard[level >= 2]}"),
+            "optimizer": q(st.optimizer, "B", f"{o}·N{shard[level >= 1]}"),
+            "total": q(st.total, "B", "weights + gradients + optimizer"),
+        }
+    drop = a.dropout
+    c, k = 16 * e + (2 if drop else 0), (2 * e + 1) if drop else e  # the paper's 34 and 5
+    per_layer_formula = {
+        "none": f"s·b·h·({c} + {k}·a·s/h)",
+        "selective": f"{c}·s·b·h",
+        "full": f"{e}·s·b·h",
+    }
+    sizes = dict(bytes_per_element=e, dropout=drop)
+    act, backward = {}, {}
+    for mode, formula in per_layer_formula.items():
+        act[mode] = q(memory.activation_bytes_per_layer(T, b, d, H, mode, **sizes), "B", formula)
+        backward[mode] = q(
+            memory.backward_transient_bytes(T, b, d, H, V, mode, **sizes),
+            "B",
+            "4·s·b·V" + ("" if mode == "none" else f" + one layer rebuilt (none − {mode})"),
+        )
+    out = memory.output_layer_activation_bytes(T, b, d, V, bytes_per_element=e)
+    usable = memory.usable_bytes(mem_gib)
+    fits = {}
+    for sharding in memory.SHARDINGS:
+        fits[sharding] = {}
+        for mode in memory.RECOMPUTE_MODES:
+            peak = (
+                states[sharding]["total"]["value"]
+                + L * act[mode]["value"]
+                + out
+                + backward[mode]["value"]
+            )
+            fits[sharding][mode] = {"bytes": peak, "fits": peak <= usable}
+    return {
+        "layout": layout,
+        "layout_note": {
+            "mixed": "bf16 weights + bf16 gradients + fp32 master copy, momentum, variance",
+            "fp32": "fp32 weights + fp32 gradients + fp32 momentum, variance (no master copy)",
+        }[layout],
+        "model_states": states,
+        "activations_per_layer": act,
+        "activation_note": f"{e}-byte activations, "
+        + ("with dropout masks (the paper's case)" if drop else "no dropout (Kitchen's blocks)"),
+        "output_layer": q(out, "B", f"2·s·b·h·{e} + 4·s·b·V (fp32 logits for the loss)"),
+        "backward_transient": backward,
+        "device_memory": q(mem_gib * GIB, "B", "accelerator table (or --memory-gib / RAM)"),
+        "usable_memory": q(usable, "B", "90% (runtime, fragmentation, buffers)"),
+        "fits": fits,
+        "fits_formula": "model states + L × activations per layer + output layer + backward",
+    }
+
+
+def _batch(a, T: int, tokens_per_second: float, budget: float) -> dict:
+    gb = a.global_batch or max(a.micro_batch, round(2**20 / T / a.micro_batch) * a.micro_batch)
+    if gb < a.micro_batch:
+        raise PlanError(f"--global-batch: {gb} is smaller than --micro-batch {a.micro_batch}")
+    gb_tokens = gb * T
+    max_dp = batch.max_data_parallel(gb, a.micro_batch)
+    accum = batch.grad_accumulation(gb, a.micro_batch, a.gpus)
+    priors = {
+        f"{loss:g}": batch.kaplan_critical_batch_tokens(loss) for loss in (4.0, 3.0, 2.5, 2.0)
+    }
+    warnings = []
+    if a.gpus > max_dp:
+        warnings.append(
+            f"{a.gpus} GPUs but only {max_dp} micro batches per step: raise --global-batch or "
+            "lower --micro-batch, or the extra GPUs idle"
+        )
+    elif accum is None:
+        warnings.append(
+            f"global batch {gb} does not divide into micro batch {a.micro_batch} × {a.gpus} GPUs"
+        )
+    if gb_tokens > budget:
+        warnings.append(f"one step ({gb_tokens:,} tokens) is more than the budget ({budget:,.0f})")
+    return {
+        "global_batch": q(gb, "sequences", "given" if a.global_batch else "about 2^20 tokens"),
+        "global_batch_tokens": q(gb_tokens, "tokens", "global batch × T"),
+        "step_time": q(gb_tokens / tokens_per_second, "s", "batch tokens / tokens per second"),
+        "max_data_parallel": q(max_dp, "GPUs", "global batch / micro batch"),
+        "grad_accumulation": q(accum, "micro batches", "global batch / (micro batch × GPUs)"),
+        "critical_batch_prior": {
+            "tokens_at_loss": priors,
+            "formula": "B_crit(L) ≈ 2e8 tokens · L^(-1/0.21) (Kaplan et al. 2020, WebText2)",
+            "loss_where_critical": batch.loss_where_critical(gb_tokens),
+        },
+        "warnings": warnings,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        plan = make_plan(args)
+    except PlanError as e:
+        parser.error(str(e))
+    plan = {"inputs": vars(args), **plan}
+    print(json.dumps(plan, indent=2) if args.json else render(plan))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
