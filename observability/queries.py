@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import yaml
 
-OBSERVABILITY_DIR = Path(__file__).resolve().parent
+# Not resolve(): under Bazel that would leave the runfiles tree for the source tree.
+OBSERVABILITY_DIR = Path(__file__).absolute().parent
 PROMETHEUS_CONFIG = OBSERVABILITY_DIR / "prometheus" / "prometheus.yml"
 RULE_FILES = (
     OBSERVABILITY_DIR / "prometheus" / "rules" / "recording.rules.yml",

@@ -90,17 +90,20 @@ def test_report_of_a_healthy_run_with_a_restart(tmp_path):
         assert row in page
     assert "class='problem'" not in page
     assert "every 50 steps: a sawtooth" in page
-    assert "1 restart(s), resumed at steps 151; 30 logged steps were computed again" in page
+    assert "1 restart, resumed at step 151; 30 logged steps were computed again" in page
     assert "resumed from step 150" in page  # the events table
 
 
 def test_nan_loss_data_stall_and_low_goodput_are_problems(tmp_path):
     records = [progress(s, data_time_seconds=0.2, goodput=0.6) for s in range(1, 201)]
     records += [progress(s, loss=math.nan, goodput=0.6) for s in range(201, 221)]
+    account = "goodput 60.0% of 100 s wall (productive 60 s; badput: data 40 s)"
+    records.append(progress(220, message=account, step_time_seconds=0, goodput=0.6))
     page = render(tmp_path, records)
     assert "Loss is NaN or infinite.</b> From step 201 (20 logged steps)" in page
     assert "Waiting for data.</b> Loading input takes 40% of a median step" in page
     assert "Low goodput.</b> Only 60% of wall time" in page
+    assert f"The trainer&#x27;s account: {account}." in page
 
 
 def test_mfu_sag_and_a_lasting_loss_spike_are_problems(tmp_path):

@@ -24,6 +24,10 @@ class Finding(NamedTuple):
     detail: str
 
 
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" + ("" if n == 1 else "s")
+
+
 def _steps_text(steps) -> str:
     shown = ", ".join(str(int(s)) for s in steps[:5])
     return shown + (f" and {len(steps) - 5} more" if len(steps) > 5 else "")
@@ -134,12 +138,15 @@ def findings(series: RunSeries) -> list[Finding]:
     out += _step_time_findings(steps, v["step_time_seconds"], v["data_time_seconds"])
     goodput = v["goodput"][-1]
     if 0 < goodput < GOODPUT_FLOOR:
+        # The trainer ends with a line breaking badput down; it says where the time went.
+        breakdown = [m for _, _, m in series.events if m.startswith("goodput")]
         out.append(
             Finding(
                 "problem",
                 "Low goodput",
                 f"Only {goodput:.0%} of wall time went into steps that count "
-                f"(Kitchen's alert threshold is {GOODPUT_FLOOR:.0%}).",
+                f"(Kitchen's alert threshold is {GOODPUT_FLOOR:.0%})."
+                + (f" The trainer's account: {breakdown[-1]}." if breakdown else ""),
             )
         )
     if series.restart_steps:
@@ -147,7 +154,8 @@ def findings(series: RunSeries) -> list[Finding]:
             Finding(
                 "note",
                 "Restarts",
-                f"{len(series.restart_steps)} restart(s), resumed at steps "
+                f"{_plural(len(series.restart_steps), 'restart')}, resumed at "
+                f"{'step' if len(series.restart_steps) == 1 else 'steps'} "
                 f"{_steps_text(series.restart_steps)}; {series.recomputed_steps} logged steps "
                 "were computed again after resuming from a checkpoint.",
             )
