@@ -1,0 +1,138 @@
+"""What every executor offers the launcher, and the files an attempt leaves in its run dir.
+
+An attempt of job J lives in `<run_dir>/attempts/<N>/`: `output.log` (stdout and stderr), and
+for executors that use attempt_wrapper.py, `pid.json`, `exit.json` and `lock`. A handle is a
+JSON object the launcher stores durably; it always has `attempt_dir` and `launched_at`, written
+before anything is started, so an executor can find an attempt again after a launcher crash.
+"""
+
+import dataclasses
+import enum
+import fcntl
+import json
+import os
+import sys
+
+from launcher.executors.attempt_wrapper import write_json_atomically
+from protos import job_pb2
+
+STARTUP_GRACE_SECONDS = 10.0  # an attempt launched this recently may not show up yet
+WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempt_wrapper.py")
+
+
+class Status(enum.Enum):
+    PENDING = "pending"  # accepted, not running yet (e.g. waiting in Slurm's queue)
+    RUNNING = "running"
+    EXITED = "exited"  # ended with an exit code
+    LOST = "lost"  # gone without an exit code (killed with its wrapper, node lost, ...)
+    NEVER_STARTED = "never_started"  # the launcher stopped before the attempt started
+
+
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    status: Status
+    exit_code: int | None = None
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Everything needed to start one attempt."""
+
+    job: job_pb2.Job  # with attempts already counting this one
+    argv: list  # the trainer command for one process (torchrun is the executor's business)
+    env: dict  # extra environment for the trainer
+    handle: dict  # {"attempt_dir", "launched_at"}; start() returns it extended
+
+    @property
+    def attempt_dir(self) -> str:
+        return self.handle["attempt_dir"]
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.attempt_dir, "output.log")
+
+
+class Executor:
+    """Starts, watches and stops attempts. Methods are called from the launcher's loop only."""
+
+    kind = "base"
+
+    def start(self, launch: Launch) -> tuple[dict, Status]:
+        """Starts the attempt; returns its handle and whether it is already running."""
+        raise NotImplementedError
+
+    def poll(self, handles: dict) -> dict:
+        """{job_id: Observed} for {job_id: handle}; one call per loop for every attempt."""
+        raise NotImplementedError
+
+    def terminate(self, handle: dict):
+        """Asks the attempt to stop (SIGTERM: the trainer checkpoints and exits 75)."""
+        raise NotImplementedError
+
+    def kill(self, handle: dict):
+        """Stops the attempt now (SIGKILL)."""
+        raise NotImplementedError
+
+
+def attempt_dir(run_dir: str, attempt: int) -> str:
+    return os.path.join(run_dir, "attempts", f"{attempt:03d}")
+
+
+def read_json(path: str) -> dict | None:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def wrapped(attempt_dir: str, argv: list, python: str = sys.executable) -> list:
+    return [python, WRAPPER, "--attempt-dir", attempt_dir, "--", *argv]
+
+
+def torchrun(torchrun_cmd: list, argv: list, nproc: int, rendezvous: list) -> list:
+    """`argv` under torchrun, which starts `nproc` copies per node (`--no-python`: argv[0] is
+    the program itself, so both `python3 -m trainer.main` and a Bazel binary work)."""
+    return [*torchrun_cmd, *rendezvous, f"--nproc-per-node={nproc}", "--no-python", *argv]
+
+
+def last_line(path: str, limit: int = 200) -> str:
+    """The last non-empty line of a log (what a person wants in a failure reason)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 8192))
+            lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return ""
+    lines = [ln for ln in lines if ln]
+    return lines[-1][:limit] if lines else ""
+
+
+def exit_status(attempt_dir: str) -> "Observed | None":
+    """How the attempt ended, from the wrapper's exit.json (None: not ended, or no wrapper)."""
+    ended = read_json(os.path.join(attempt_dir, "exit.json"))
+    if ended is None:
+        return None
+    if ended.get("abandoned"):
+        return Observed(Status.NEVER_STARTED, detail="the launcher stopped while starting it")
+    return Observed(Status.EXITED, ended["code"], ended.get("error", ""))
+
+
+def abandon(attempt_dir: str, now: float) -> Observed:
+    """Gives up on an attempt that never started: writes exit.json (so a wrapper that starts
+    late does nothing), unless a wrapper holds the attempt's lock (then it is starting)."""
+    os.makedirs(attempt_dir, exist_ok=True)
+    with open(os.path.join(attempt_dir, "lock"), "a") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return Observed(Status.PENDING)
+        ended = exit_status(attempt_dir)
+        if ended is not None:
+            return ended
+        write_json_atomically(
+            os.path.join(attempt_dir, "exit.json"), {"abandoned": True, "finished": now}
+        )
+    return Observed(Status.NEVER_STARTED, detail="the launcher stopped while starting it")

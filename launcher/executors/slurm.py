@@ -1,0 +1,176 @@
+"""Runs attempts as Slurm batch jobs: sbatch to start, squeue --json to watch, scancel to stop.
+
+The batch script `exec`s attempt_wrapper.py, so the batch step *is* the wrapper: SIGTERM from
+`scancel --batch --signal=TERM` reaches it and it forwards to the trainer (which checkpoints
+and exits 75), and its exit.json in the run dir (a shared filesystem, as Slurm clusters have)
+tells the exit code even after Slurm has forgotten the job. Jobs are named
+`kitchen-<job>-a<attempt>`, so a launcher that crashed right after sbatch finds its job again.
+Several nodes or processes per node run under `srun torchrun` with a c10d rendezvous on the
+first node of the allocation.
+"""
+
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from launcher.executors.base import (
+    STARTUP_GRACE_SECONDS,
+    Executor,
+    Launch,
+    Observed,
+    Status,
+    abandon,
+    exit_status,
+    wrapped,
+)
+
+log = logging.getLogger("kitchen.launcher")
+RUNNING_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
+PENDING_STATES = {"PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING"}
+RENDEZVOUS_PORT = 29500
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+def _run(argv, env=None) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    if done.returncode != 0:
+        raise SlurmError(f"{shlex.join(argv)} failed ({done.returncode}): {done.stderr.strip()}")
+    return done.stdout
+
+
+class SlurmExecutor(Executor):
+    kind = "slurm"
+
+    def __init__(self, cfg, torchrun_cmd: list, python: str = sys.executable, clock=time.time):
+        self.cfg = cfg  # kitchen.v1.SlurmPoolConfig
+        self.torchrun_cmd = torchrun_cmd
+        self.python = python
+        self.clock = clock
+
+    def _script(self, launch: Launch) -> str:
+        r = launch.job.spec.resources
+        nodes, nproc = r.nodes or 1, r.processes_per_node or 1
+        argv = launch.argv
+        if nodes > 1 or nproc > 1:
+            rendezvous = [
+                f"--nnodes={nodes}", "--rdzv-backend=c10d",
+                f'--rdzv-endpoint="$head":{RENDEZVOUS_PORT}', f"--rdzv-id={launch.job.id}",
+                f"--nproc-per-node={nproc}", "--no-python",
+            ]  # fmt: skip
+            argv = ["srun", "--ntasks-per-node=1", *self.torchrun_cmd, *rendezvous, *argv]
+        command = " ".join(
+            a if a.startswith("--rdzv-endpoint") else shlex.quote(a)
+            for a in wrapped(launch.attempt_dir, argv, self.python)
+        )
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(launch.env.items()))
+        head = 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
+        return f"#!/bin/bash\n{exports}{head}exec {command}\n"
+
+    def start(self, launch: Launch):
+        r = launch.job.spec.resources
+        name = f"kitchen-{launch.job.id}-a{launch.job.attempts}"
+        os.makedirs(launch.attempt_dir, exist_ok=True)
+        script = os.path.join(launch.attempt_dir, "batch.sh")
+        with open(script, "w") as f:
+            f.write(self._script(launch))
+        argv = [
+            "sbatch", "--parsable", f"--job-name={name}", f"--output={launch.log_path}",
+            f"--chdir={launch.job.run_dir}", f"--nodes={r.nodes or 1}", "--ntasks-per-node=1",
+        ]  # fmt: skip
+        if r.gpus_per_node:
+            argv.append(f"--gres=gpu:{r.gpus_per_node}")
+        if self.cfg.partition:
+            argv.append(f"--partition={self.cfg.partition}")
+        argv += [*self.cfg.sbatch_args, script]
+        slurm_id = _run(argv).strip().split(";")[0]
+        return {**launch.handle, "name": name, "slurm_job_id": slurm_id}, Status.PENDING
+
+    def poll(self, handles: dict) -> dict:
+        out, ask = {}, {}
+        for job_id, h in handles.items():
+            ended = exit_status(h["attempt_dir"])
+            if ended is not None:
+                out[job_id] = ended
+            else:
+                ask[job_id] = h
+        if not ask:
+            return out
+        by_id, by_name = self._squeue(ask.values())
+        for job_id, h in ask.items():
+            entry = by_id.get(h.get("slurm_job_id")) or by_name.get(h.get("name"))
+            out[job_id] = self._observe(h, entry)
+        return out
+
+    def _squeue(self, handles):
+        ids = [h["slurm_job_id"] for h in handles if h.get("slurm_job_id")]
+        names = [h["name"] for h in handles if not h.get("slurm_job_id") and h.get("name")]
+        by_id, by_name = {}, {}
+        for flag, values in (("--jobs", ids), ("--name", names)):
+            if values:
+                try:
+                    jobs = json.loads(_run(["squeue", "--json", f"{flag}={','.join(values)}"]))
+                except SlurmError:
+                    continue  # squeue rejects ids Slurm already purged: ask one by one below
+                for j in jobs.get("jobs", []):
+                    by_id[str(j["job_id"])] = j
+                    by_name[j["name"]] = j
+        return by_id, by_name
+
+    def _observe(self, h, entry) -> Observed:
+        if entry is not None:
+            state = entry["job_state"]
+            if state in RUNNING_STATES:
+                return Observed(Status.RUNNING)
+            if state in PENDING_STATES:
+                return Observed(Status.PENDING)
+            ended = exit_status(h["attempt_dir"])  # the wrapper may have written it just now
+            if ended is not None:
+                return ended
+            reason = entry.get("state_reason", "")
+            return Observed(Status.LOST, detail=f"Slurm job {entry['job_id']} {state} ({reason})")
+        if h.get("slurm_job_id"):
+            ended = exit_status(h["attempt_dir"])
+            if ended is not None:
+                return ended
+            return Observed(Status.LOST, detail=f"Slurm job {h['slurm_job_id']} is gone")
+        if self.clock() - h["launched_at"] < STARTUP_GRACE_SECONDS:
+            return Observed(Status.PENDING)
+        return abandon(h["attempt_dir"], self.clock())  # never submitted: the launcher died first
+
+    def _slurm_id(self, handle):
+        if handle.get("slurm_job_id"):
+            return handle["slurm_job_id"]
+        _, by_name = self._squeue([handle])
+        entry = by_name.get(handle.get("name"))
+        return str(entry["job_id"]) if entry else None
+
+    def terminate(self, handle: dict):
+        slurm_id = self._slurm_id(handle)
+        if slurm_id is None:
+            return
+        try:
+            _run(["scancel", "--batch", "--signal=TERM", slurm_id])
+        except SlurmError:
+            self._cancel(slurm_id)  # still pending: there is no process to signal
+
+    def kill(self, handle: dict):
+        slurm_id = self._slurm_id(handle)
+        if slurm_id is None:
+            return
+        try:
+            _run(["scancel", "--full", "--signal=KILL", slurm_id])
+        except SlurmError:
+            self._cancel(slurm_id)
+
+    def _cancel(self, slurm_id):
+        try:
+            _run(["scancel", slurm_id])  # SIGTERM, then SIGKILL after the cluster's KillWait
+        except SlurmError as e:
+            log.warning("%s (the job may have ended already)", e)

@@ -1,0 +1,195 @@
+"""The launcher's Prometheus exporter (`/metrics`).
+
+Per job (labels job, name, kind, pool, team), from the trainer's progress reports:
+  kitchen_train_step_duration_seconds (histogram, one observation per step), kitchen_train_step,
+  kitchen_train_total_steps, kitchen_train_loss, kitchen_train_eval_loss, kitchen_train_mfu_ratio,
+  kitchen_train_tokens_total, kitchen_train_tokens_per_second, kitchen_train_goodput_ratio,
+  kitchen_train_peak_memory_bytes, kitchen_train_padding_ratio, kitchen_train_grad_norm,
+  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total.
+Launcher-wide: kitchen_jobs{state,pool}, kitchen_queue_depth{pool},
+  kitchen_job_queue_wait_seconds{pool,team} (histogram), kitchen_scheduler_pass_duration_seconds
+  (histogram), kitchen_pool_capacity{pool,resource}, kitchen_pool_in_use{pool,resource}.
+Cardinality stays bounded: a finished job's series are dropped `retention` seconds after it ends.
+"""
+
+import bisect
+import math
+import threading
+import time
+
+from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from protos import job_pb2
+
+JOB_LABELS = ["job", "name", "kind", "pool", "team"]
+STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 24 * 3600)
+PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+# (metric, help, Progress field) of the per-job gauges.
+_GAUGES = [
+    ("kitchen_train_step", "Latest reported optimizer step.", "step"),
+    ("kitchen_train_total_steps", "Steps the job will run.", "total_steps"),
+    ("kitchen_train_loss", "Training loss at the latest report.", "loss"),
+    ("kitchen_train_eval_loss", "Latest evaluation loss (NaN before the first eval).", "eval_loss"),
+    ("kitchen_train_mfu_ratio", "Model FLOPs utilization, 0-1.", "mfu"),
+    ("kitchen_train_tokens_per_second", "Training throughput in tokens/s.", "tokens_per_second"),
+    ("kitchen_train_goodput_ratio", "Share of wall time spent on useful steps, 0-1.", "goodput"),
+    ("kitchen_train_peak_memory_bytes", "Peak accelerator memory.", "peak_memory_bytes"),
+    ("kitchen_train_padding_ratio", "Share of batch tokens that are padding.", "padding_fraction"),
+    ("kitchen_train_grad_norm", "Gradient norm before clipping.", "grad_norm"),
+    ("kitchen_train_learning_rate", "Learning rate.", "lr"),
+]
+
+
+class _JobSeries:
+    def __init__(self, labels):
+        self.labels = labels
+        self.progress = None
+        self.has_eval = False
+        self.last_step = None
+        self.buckets = [0] * (len(STEP_BUCKETS) + 1)
+        self.step_seconds_sum = 0.0
+        self.attempt = None
+        self.attempts = 0
+        self.preemptions = 0
+        self.finished_at = None
+
+
+def job_labels(job: job_pb2.Job) -> list:
+    kind = job_pb2.JobKind.Name(job.spec.kind).lower()
+    return [job.id, job.spec.name, kind, job.pool, job.spec.team]
+
+
+class LauncherMetrics:
+    """Holds the series; `fleet` is a callable giving the launcher-wide numbers at scrape."""
+
+    def __init__(self, retention_seconds: float, fleet=None, clock=time.time):
+        self.registry = CollectorRegistry()
+        self.retention = retention_seconds
+        self.clock = clock
+        self.fleet = fleet
+        self._lock = threading.Lock()
+        self._jobs = {}
+        self.queue_wait = Histogram(
+            "kitchen_job_queue_wait_seconds",
+            "Time from entering the queue to starting, per attempt.",
+            ["pool", "team"],
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.scheduler_pass = Histogram(
+            "kitchen_scheduler_pass_duration_seconds",
+            "Wall time of one scheduling pass.",
+            buckets=PASS_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(self)
+
+    def _series(self, job) -> _JobSeries:
+        series = self._jobs.get(job.id)
+        if series is None:
+            series = self._jobs[job.id] = _JobSeries(job_labels(job))
+        return series
+
+    def attempt_started(self, job: job_pb2.Job, waited_seconds: float):
+        self.queue_wait.labels(job.pool, job.spec.team).observe(max(waited_seconds, 0.0))
+        with self._lock:
+            series = self._series(job)
+            series.attempts += 1
+            series.finished_at = None
+
+    def progress(self, job: job_pb2.Job, p):
+        with self._lock:
+            series = self._series(job)
+            if p.attempt != series.attempt:  # a resumed attempt re-runs steps: count them again
+                series.attempt, series.last_step = p.attempt, None
+            if p.step_time_seconds > 0 and (series.last_step is None or p.step > series.last_step):
+                # One observation per step since the last report, so counts are steps.
+                steps = 1 if series.last_step is None else p.step - series.last_step
+                i = bisect.bisect_left(STEP_BUCKETS, p.step_time_seconds)
+                series.buckets[i] += steps
+                series.step_seconds_sum += steps * p.step_time_seconds
+            series.last_step = p.step if series.last_step is None else max(p.step, series.last_step)
+            series.has_eval = series.has_eval or p.eval_loss != 0
+            series.progress = p
+
+    def attempt_ended(self, job: job_pb2.Job, preempted: bool):
+        with self._lock:
+            series = self._series(job)
+            series.preemptions += int(preempted)
+            if job.state in (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED):
+                series.finished_at = self.clock()
+
+    def collect(self):
+        now = self.clock()
+        with self._lock:
+            for job_id in [
+                j
+                for j, s in self._jobs.items()
+                if s.finished_at is not None and now - s.finished_at > self.retention
+            ]:
+                del self._jobs[job_id]
+            jobs = list(self._jobs.values())
+            yield from self._job_families(jobs)
+        if self.fleet is not None:
+            yield from self._fleet_families(self.fleet())
+
+    def _job_families(self, jobs):
+        gauges = {name: GaugeMetricFamily(name, doc, labels=JOB_LABELS) for name, doc, _ in _GAUGES}
+        hist = HistogramMetricFamily(
+            "kitchen_train_step_duration_seconds",
+            "Wall time per optimizer step.",
+            labels=JOB_LABELS,
+        )
+        tokens = CounterMetricFamily(
+            "kitchen_train_tokens", "Tokens trained on so far.", labels=JOB_LABELS
+        )
+        attempts = CounterMetricFamily(
+            "kitchen_job_attempts", "Attempts started (restarts = attempts - 1).", labels=JOB_LABELS
+        )
+        preemptions = CounterMetricFamily(
+            "kitchen_job_preemptions", "Times the job was preempted.", labels=JOB_LABELS
+        )
+        for s in jobs:
+            attempts.add_metric(s.labels, s.attempts)
+            preemptions.add_metric(s.labels, s.preemptions)
+            p = s.progress
+            if p is None:
+                continue
+            for name, _, field in _GAUGES:
+                value = getattr(p, field)
+                if field == "eval_loss" and not s.has_eval:
+                    value = math.nan
+                gauges[name].add_metric(s.labels, value)
+            tokens.add_metric(s.labels, p.tokens_total)
+            cumulative, total = [], 0
+            for le, n in zip([*map(str, STEP_BUCKETS), "+Inf"], s.buckets, strict=True):
+                total += n
+                cumulative.append((le, total))
+            hist.add_metric(s.labels, cumulative, s.step_seconds_sum)
+        yield from gauges.values()
+        yield from (hist, tokens, attempts, preemptions)
+
+    def _fleet_families(self, fleet):
+        jobs = GaugeMetricFamily(
+            "kitchen_jobs", "Jobs in the store by state.", labels=["state", "pool"]
+        )
+        for (state, pool), n in sorted(fleet["counts"].items()):
+            jobs.add_metric([job_pb2.JobState.Name(state), pool], n)
+        depth = GaugeMetricFamily("kitchen_queue_depth", "Jobs waiting to start.", labels=["pool"])
+        capacity = GaugeMetricFamily(
+            "kitchen_pool_capacity", "Pool size.", labels=["pool", "resource"]
+        )
+        in_use = GaugeMetricFamily(
+            "kitchen_pool_in_use", "Held by running jobs.", labels=["pool", "resource"]
+        )
+        for pool, usage in sorted(fleet["pools"].items()):
+            depth.add_metric([pool], fleet["queued"].get(pool, 0))
+            for resource in ("nodes", "gpus"):
+                capacity.add_metric([pool, resource], usage[f"{resource}_capacity"])
+                in_use.add_metric([pool, resource], usage[f"{resource}_in_use"])
+        yield from (jobs, depth, capacity, in_use)
+
+    def describe(self):
+        return []  # collected on demand only: series come and go with jobs

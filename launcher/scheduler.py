@@ -1,0 +1,245 @@
+"""Who runs next, and what happens after an attempt ends: pure functions of state and a clock.
+
+Rules (one pass, `plan`):
+- Queued jobs go in priority order (higher first), first-in first-out within a priority.
+- Gang admission: a job gets all of its nodes (each with its GPUs) in its pool, or nothing.
+- A job that does not fit blocks the jobs behind it in the same pool (no backfill), so a big
+  gang job is never starved by a stream of small ones. Jobs held back by their team's quota
+  or by a retry backoff do not block anyone.
+- A job that does not fit may preempt running jobs of strictly lower priority in its pool:
+  the lowest priority first, the most recently started first, only as many as it needs, and
+  only when stopping them makes it fit. While victims are stopping, nothing else is picked.
+The launcher calls `plan` with `now` from its clock; tests call it with any `now` they like.
+"""
+
+import dataclasses
+
+from protos import job_pb2
+
+EXIT_BAD_CONFIG = 2  # trainer contract: the message names the field; retrying cannot help
+EXIT_PREEMPTED = 75  # trainer contract: SIGTERM received, checkpoint saved, clean exit
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_BACKOFF_SECONDS = 5.0
+DEFAULT_MAX_BACKOFF_SECONDS = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Pool:
+    name: str
+    nodes: int
+    gpus_per_node: int  # 0: a CPU pool, where a job takes whole nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class Quota:
+    max_nodes: int  # 0: no limit
+    max_gpus: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Demand:
+    """A queued job as the scheduler sees it."""
+
+    job_id: str
+    seq: int  # submission order
+    priority: int
+    pool: str
+    team: str
+    nodes: int
+    gpus_per_node: int  # on a GPU pool, 0 means every GPU of the node
+    not_before: float = 0.0  # retry backoff (epoch seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class Holding:
+    """A running job's resources: allocation is ((node, (gpu, ...)), ...)."""
+
+    job_id: str
+    priority: int
+    pool: str
+    team: str
+    allocation: tuple
+    started: float
+    stopping: bool = False
+
+
+@dataclasses.dataclass
+class Plan:
+    start: dict  # job_id -> allocation ((node, (gpu, ...)), ...)
+    preempt: list  # job_ids of running jobs to stop
+    waiting: dict  # job_id -> why it is not starting (for people)
+    wake_at: float | None  # earliest retry backoff still running
+
+
+class _Free:
+    """Free capacity of one pool: per node, the free GPU indices (a CPU node has one slot)."""
+
+    def __init__(self, pool: Pool, holdings):
+        slots = pool.gpus_per_node or 1
+        self.pool = pool
+        self.free = [set(range(slots)) for _ in range(pool.nodes)]
+        for h in holdings:
+            self.release(h.allocation, sign=-1)
+
+    def release(self, allocation, sign=1):
+        for node, gpus in allocation:
+            if node >= len(self.free):
+                continue  # the pool shrank under a running job: its nodes are gone
+            used = set(gpus) if self.pool.gpus_per_node else {0}
+            self.free[node] = self.free[node] | used if sign > 0 else self.free[node] - used
+
+    def fit(self, nodes: int, gpus: int):
+        """An allocation of `nodes` nodes with `gpus` free GPUs each, or None (best fit)."""
+        need = gpus if self.pool.gpus_per_node else 1
+        fitting = [i for i, f in enumerate(self.free) if len(f) >= need]
+        if len(fitting) < nodes:
+            return None
+        fitting.sort(key=lambda i: len(self.free[i]))  # fullest nodes first: less fragmentation
+        chosen = sorted(fitting[:nodes])
+        if not self.pool.gpus_per_node:
+            return tuple((i, ()) for i in chosen)
+        return tuple((i, tuple(sorted(self.free[i])[:need])) for i in chosen)
+
+    def take(self, allocation):
+        self.release(allocation, sign=-1)
+
+    def in_use(self) -> int:
+        slots = self.pool.gpus_per_node or 1
+        return sum(slots - len(f) for f in self.free)
+
+
+def gpus_needed(pool: Pool, gpus_per_node: int) -> int:
+    """GPUs per node a job takes: all of the node's when it asks for 0."""
+    return gpus_per_node or pool.gpus_per_node
+
+
+def _usage(holdings, pools):
+    nodes, gpus = {}, {}
+    for h in holdings:
+        nodes[h.team] = nodes.get(h.team, 0) + len(h.allocation)
+        gpus[h.team] = gpus.get(h.team, 0) + sum(len(g) for _, g in h.allocation)
+    return nodes, gpus
+
+
+def plan(pools: dict, quotas: dict, pending, holdings, now: float) -> Plan:
+    """One scheduling pass. `pending` are Demands, `holdings` the running jobs' Holdings."""
+    by_pool = {name: [] for name in pools}
+    for h in holdings:
+        by_pool.setdefault(h.pool, []).append(h)
+    free = {name: _Free(pool, by_pool[name]) for name, pool in pools.items()}
+    team_nodes, team_gpus = _usage(holdings, pools)
+    blocked = {}  # pool -> reason every later job in it waits for
+    out = Plan(start={}, preempt=[], waiting={}, wake_at=None)
+
+    for d in sorted(pending, key=lambda d: (-d.priority, d.seq)):
+        if d.not_before > now:
+            out.waiting[d.job_id] = f"retry backoff: starts in {d.not_before - now:.0f} s"
+            out.wake_at = d.not_before if out.wake_at is None else min(out.wake_at, d.not_before)
+            continue
+        if d.pool in blocked:
+            out.waiting[d.job_id] = blocked[d.pool]
+            continue
+        pool = pools[d.pool]
+        per_node = gpus_needed(pool, d.gpus_per_node)
+        quota = quotas.get(d.team)
+        if quota is not None:
+            over = []
+            if quota.max_nodes and team_nodes.get(d.team, 0) + d.nodes > quota.max_nodes:
+                over.append(f"{team_nodes.get(d.team, 0)}/{quota.max_nodes} nodes")
+            if quota.max_gpus and team_gpus.get(d.team, 0) + d.nodes * per_node > quota.max_gpus:
+                over.append(f"{team_gpus.get(d.team, 0)}/{quota.max_gpus} GPUs")
+            if over:
+                out.waiting[d.job_id] = f"team {d.team} quota: {', '.join(over)} in use"
+                continue
+        allocation = free[d.pool].fit(d.nodes, per_node)
+        if allocation is not None:
+            free[d.pool].take(allocation)
+            out.start[d.job_id] = allocation
+            team_nodes[d.team] = team_nodes.get(d.team, 0) + d.nodes
+            team_gpus[d.team] = team_gpus.get(d.team, 0) + d.nodes * per_node
+            continue
+        victims = _victims(pool, free[d.pool], by_pool[d.pool], d, per_node)
+        out.preempt.extend(victims)
+        unit = "GPUs" if pool.gpus_per_node else "nodes"
+        used = free[d.pool].in_use()
+        total = pool.nodes * (pool.gpus_per_node or 1)
+        reason = f"pool {d.pool} full ({used}/{total} {unit} in use)"
+        if victims:
+            reason += f"; preempting {', '.join(victims)}"
+        out.waiting[d.job_id] = reason
+        blocked[d.pool] = f"behind {d.job_id} (priority {d.priority}) in pool {d.pool}"
+    return out
+
+
+def _victims(pool: Pool, free: _Free, holdings, d: Demand, per_node: int) -> list:
+    """The fewest lower-priority running jobs whose stop lets `d` fit (none if it never fits)."""
+    trial = _Free(pool, [])
+    trial.free = [set(f) for f in free.free]
+    for h in holdings:
+        if h.stopping:
+            trial.release(h.allocation)
+    if trial.fit(d.nodes, per_node) is not None:
+        return []  # jobs already stopping will make room: wait for them
+    candidates = [h for h in holdings if not h.stopping and h.priority < d.priority]
+    candidates.sort(key=lambda h: (h.priority, -h.started))
+    chosen = []
+    for h in candidates:
+        trial.release(h.allocation)
+        chosen.append(h.job_id)
+        if trial.fit(d.nodes, per_node) is not None:
+            return chosen
+    return []
+
+
+def backoff_seconds(retry: job_pb2.RetryPolicy, failures: int) -> float:
+    """Delay before the retry that follows the `failures`-th failed attempt (doubling)."""
+    base = retry.backoff_seconds or DEFAULT_BACKOFF_SECONDS
+    ceiling = max(retry.max_backoff_seconds or DEFAULT_MAX_BACKOFF_SECONDS, base)
+    return min(base * 2 ** max(failures - 1, 0), ceiling)
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    state: int  # job_pb2.JobState
+    failed: bool  # this attempt counts as a failure
+    preempted: bool
+    not_before: float  # retry backoff when requeued after a failure, else 0
+    reason: str
+
+
+def after_exit(
+    job: job_pb2.Job, exit_code: int | None, detail: str, now: float, never_started=False
+) -> Outcome:
+    """What an ended attempt means for its job. exit_code None: the process vanished."""
+    stop = job.stop
+    if exit_code == 0:
+        return Outcome(job_pb2.SUCCEEDED, False, False, 0.0, "succeeded")
+    if stop == job_pb2.STOP_CANCEL:
+        return Outcome(job_pb2.CANCELLED, False, False, 0.0, "cancelled")
+    if never_started:
+        return Outcome(job_pb2.QUEUED, False, False, 0.0, f"requeued: {detail}")
+    if stop == job_pb2.STOP_PREEMPT or (exit_code == EXIT_PREEMPTED and stop != job_pb2.STOP_HANG):
+        who = "for a higher-priority job" if stop == job_pb2.STOP_PREEMPT else "by a SIGTERM"
+        return Outcome(job_pb2.PREEMPTED, False, True, 0.0, f"preempted {who}; requeued")
+    if stop == job_pb2.STOP_HANG:
+        what = f"hung: {detail}"
+    elif exit_code is None:
+        what = f"lost: {detail}"
+    else:
+        what = f"exit code {exit_code}" + (f": {detail}" if detail else "")
+    failures = job.failures + 1
+    max_attempts = job.spec.retry.max_attempts or DEFAULT_MAX_ATTEMPTS
+    if exit_code == EXIT_BAD_CONFIG and stop != job_pb2.STOP_HANG:
+        return Outcome(job_pb2.FAILED, True, False, 0.0, f"bad config ({what}); not retried")
+    if failures >= max_attempts:
+        return Outcome(
+            job_pb2.FAILED, True, False, 0.0, f"{what} (failure {failures} of {max_attempts})"
+        )
+    delay = backoff_seconds(job.spec.retry, failures)
+    reason = f"{what} (failure {failures} of {max_attempts}); retrying in {delay:.0f} s"
+    return Outcome(job_pb2.QUEUED, True, False, now + delay, reason)
+
+
+def hung(last_sign_of_life: float, timeout: float, now: float) -> bool:
+    """No progress report, metrics line or start within `timeout` seconds."""
+    return timeout > 0 and now - last_sign_of_life > timeout

@@ -1,0 +1,186 @@
+"""The launcher process: gRPC server (health, auth, TLS), control loop, store, /metrics.
+
+    python -m launcher.server [--config launcher.yaml] [--listen 127.0.0.1:50051]
+        [--metrics-listen 127.0.0.1:9464] [--state-dir DIR]
+        [--trainer-cmd "python3 -m trainer.main"]
+
+One launcher per state directory (a lock file enforces it). SIGTERM or Ctrl-C shuts down
+gracefully: health turns NOT_SERVING, calls in flight get a grace period, progress is flushed.
+Running jobs are left running; the next launcher on the same state dir re-attaches to them.
+"""
+
+import argparse
+import fcntl
+import logging
+import os
+import shlex
+import signal
+import sys
+import threading
+from concurrent import futures
+
+import grpc
+from prometheus_client import start_http_server
+
+from launcher import settings
+from launcher.auth import AuthInterceptor, TokenAuth
+from launcher.controller import Controller
+from launcher.events import JobEvents
+from launcher.executors.kubernetes import KubernetesExecutor
+from launcher.executors.local import LocalExecutor
+from launcher.executors.slurm import SlurmExecutor
+from launcher.health import NOT_SERVING, Health
+from launcher.metrics import LauncherMetrics
+from launcher.service import LauncherService
+from launcher.store import JobStore
+from protos import launcher_pb2, launcher_pb2_grpc
+from protos.config_yaml import ConfigError, load_message
+
+log = logging.getLogger("kitchen.launcher")
+MAX_WORKERS = 64  # gRPC handler threads; each WatchJob/StreamLogs stream holds one
+
+
+class StateDirBusy(RuntimeError):
+    pass
+
+
+def _executor(pool, cfg):
+    if pool.executor == launcher_pb2.SLURM:
+        return SlurmExecutor(pool.slurm, list(cfg.torchrun_cmd))
+    if pool.executor == launcher_pb2.KUBERNETES:
+        return KubernetesExecutor(pool, list(cfg.torchrun_cmd), cfg.kill_grace_seconds)
+    return LocalExecutor(list(cfg.torchrun_cmd))
+
+
+def _host_port(address: str):
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+class Launcher:
+    """Everything of one launcher, started with `start()` and stopped with `stop()`."""
+
+    def __init__(self, cfg: launcher_pb2.LauncherConfig, env=None):
+        self.cfg = settings.resolve(cfg)
+        os.makedirs(self.cfg.state_dir, exist_ok=True)
+        self._lock_file = open(os.path.join(self.cfg.state_dir, "launcher.lock"), "a+")  # noqa: SIM115
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.seek(0)
+            owner = self._lock_file.read().strip() or "another process"
+            self._lock_file.close()
+            raise StateDirBusy(
+                f"state dir {self.cfg.state_dir} is in use by a launcher ({owner}); pass its "
+                "address with --launcher, or use another state dir (KITCHEN_STATE_DIR)"
+            ) from None
+        self.store = JobStore(os.path.join(self.cfg.state_dir, "jobs.sqlite"))
+        self.auth = TokenAuth(self.cfg.tokens_file) if self.cfg.tokens_file else None
+        self.events = JobEvents()
+        self.health = Health()
+        self.metrics = LauncherMetrics(self.cfg.metrics_retention_seconds)
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="kitchen-rpc"),
+            interceptors=[AuthInterceptor(self.auth)] if self.auth else [],
+        )
+        self.port = self._bind()
+        host, _ = _host_port(self.cfg.listen)
+        self.address = f"{host}:{self.port}"
+        if not self.cfg.advertise:
+            wildcard = host in ("0.0.0.0", "::", "")
+            self.cfg.advertise = f"{os.uname().nodename}:{self.port}" if wildcard else self.address
+        executors = {p.name: _executor(p, self.cfg) for p in self.cfg.pools}
+        self.controller = Controller(
+            self.cfg, self.store, executors, self.metrics, self.events,
+            auth=self.auth is not None, env={**settings.trainer_env(), **(env or {})},
+        )  # fmt: skip
+        self.metrics.fleet = self.controller.fleet
+        service = LauncherService(self.cfg, self.store, self.controller, self.events, self.auth)
+        launcher_pb2_grpc.add_LauncherServicer_to_server(service, self.server)
+        self.server.add_generic_rpc_handlers((self.health.handler(),))
+        self.metrics_port = None
+        self._http = None
+
+    def _bind(self) -> int:
+        if self.cfg.tls_cert:
+            with open(self.cfg.tls_key, "rb") as k, open(self.cfg.tls_cert, "rb") as c:
+                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            port = self.server.add_secure_port(self.cfg.listen, creds)
+        else:
+            port = self.server.add_insecure_port(self.cfg.listen)
+        if not port:
+            raise OSError(f"cannot listen on {self.cfg.listen}")
+        return port
+
+    def start(self):
+        self.controller.start()  # recover first: re-attach before serving
+        self.server.start()
+        if self.cfg.metrics_listen != "none":
+            host, port = _host_port(self.cfg.metrics_listen)
+            self._http, _ = start_http_server(port, host, registry=self.metrics.registry)
+            self.metrics_port = self._http.server_port
+        self._lock_file.seek(0)
+        self._lock_file.truncate()
+        self._lock_file.write(f"pid {os.getpid()}, address {self.address}\n")
+        self._lock_file.flush()
+        log.info(
+            "launcher serving on %s%s; state in %s; metrics %s",
+            self.address, " (TLS)" if self.cfg.tls_cert else "", self.cfg.state_dir,
+            f"http://{self.cfg.metrics_listen.rsplit(':', 1)[0]}:{self.metrics_port}/metrics"
+            if self.metrics_port else "off",
+        )  # fmt: skip
+        return self
+
+    def stop(self, grace: float = 5.0):
+        self.health.set_all(NOT_SERVING)
+        self.events.close()
+        self.server.stop(grace).wait()
+        self.controller.stop()
+        if self._http is not None:
+            self._http.shutdown()
+            self._http.server_close()
+        self.store.close()
+        self._lock_file.close()
+
+
+def config_from_args(args) -> launcher_pb2.LauncherConfig:
+    cfg = launcher_pb2.LauncherConfig()
+    if args.config:
+        load_message(args.config, cfg)
+    for flag in ("listen", "metrics_listen", "state_dir", "tokens_file", "tls_cert", "tls_key"):
+        if getattr(args, flag):
+            setattr(cfg, flag, getattr(args, flag))
+    if args.trainer_cmd:
+        del cfg.trainer_cmd[:]
+        cfg.trainer_cmd.extend(shlex.split(args.trainer_cmd))
+    return cfg
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="launcher", description=__doc__.split("\n")[0])
+    p.add_argument("--config", help="LauncherConfig YAML (pools, quotas, auth, TLS)")
+    p.add_argument("--listen", help=f"gRPC address (default {settings.DEFAULT_LISTEN})")
+    p.add_argument("--metrics-listen", help="Prometheus address, or 'none'")
+    p.add_argument("--state-dir", help="store, run dirs and precook cache")
+    p.add_argument("--trainer-cmd", help="trainer command prefix (default: //trainer:train)")
+    p.add_argument("--tokens-file", help="bearer tokens YAML: turns auth on")
+    p.add_argument("--tls-cert", help="PEM certificate chain: turns TLS on")
+    p.add_argument("--tls-key", help="PEM private key")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    try:
+        launcher = Launcher(config_from_args(args)).start()
+    except (ConfigError, StateDirBusy, OSError) as e:
+        print(f"launcher: {e}", file=sys.stderr)
+        return 2
+    stopped = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+    log.info("shutting down; running jobs keep running and are re-attached at the next start")
+    launcher.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

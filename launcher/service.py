@@ -1,0 +1,175 @@
+"""The `kitchen.v1.Launcher` gRPC service: what clients and trainers call.
+
+Handlers validate, check who may see what, and hand state changes to the controller; they
+read jobs straight from the store (WAL readers never wait for the writer).
+"""
+
+import glob
+import hmac
+import os
+import time
+
+import grpc
+
+from launcher import validation
+from launcher.auth import TokenAuth, bearer
+from launcher.controller import FINAL
+from launcher.store import PageTokenError
+from protos import job_pb2, launcher_pb2, launcher_pb2_grpc
+from protos.config_yaml import ConfigError
+
+LOG_CHUNK_BYTES = 64 * 1024
+WATCH_RECHECK_SECONDS = 1.0
+
+
+class LauncherService(launcher_pb2_grpc.LauncherServicer):
+    def __init__(self, cfg, store, controller, events, auth: TokenAuth | None):
+        self.cfg = cfg
+        self.store = store
+        self.controller = controller
+        self.events = events
+        self.auth = auth
+
+    def _caller(self, context):
+        """The caller's AccessToken, or None when auth is off (everyone may do everything)."""
+        if self.auth is None:
+            return None
+        caller = self.auth.identify(context.invocation_metadata())
+        if caller is None:  # the interceptor lets only ReportProgress and health through
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "unknown or missing bearer token")
+        return caller
+
+    def _job(self, job_id, context) -> job_pb2.Job:
+        caller = self._caller(context)
+        job = self.store.get(job_id)
+        if job is None:
+            context.abort(grpc.StatusCode.NOT_FOUND, f"no job {job_id!r}")
+        if caller is not None and not caller.admin and job.spec.team != caller.team:
+            context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"job {job_id} belongs to team {job.spec.team!r}; you are in {caller.team!r}",
+            )
+        return self.controller.overlay(job)
+
+    def SubmitJob(self, request, context):
+        caller = self._caller(context)
+        spec = job_pb2.JobSpec()
+        spec.CopyFrom(request.spec)
+        if caller is not None:
+            for field, mine in (("owner", caller.user), ("team", caller.team)):
+                theirs = getattr(spec, field)
+                if theirs and theirs != mine and not caller.admin:
+                    context.abort(
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        f"spec.{field}: {theirs!r} is not yours ({mine!r}); only admins may",
+                    )
+                setattr(spec, field, theirs or mine)
+        try:
+            pool = validation.validate(spec, self.cfg)
+        except ConfigError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spec.{e.field}: {e.problem}")
+        job, _ = self.controller.submit(job_pb2.Job(spec=spec, pool=pool), request.request_id)
+        return launcher_pb2.SubmitJobResponse(job=self.controller.overlay(job))
+
+    def GetJob(self, request, context):
+        return self._job(request.id, context)
+
+    def ListJobs(self, request, context):
+        caller = self._caller(context)
+        team = request.team
+        if caller is not None and not caller.admin:
+            if team and team != caller.team:
+                context.abort(
+                    grpc.StatusCode.PERMISSION_DENIED, f"team: you may list only {caller.team!r}"
+                )
+            team = caller.team
+        if request.page_size < 0:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "page_size: cannot be negative")
+        try:
+            jobs, token = self.store.page(
+                states=list(request.states),
+                team=team,
+                owner=request.owner,
+                pool=request.pool,
+                page_size=request.page_size,
+                page_token=request.page_token,
+            )
+        except PageTokenError as e:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        jobs = [self.controller.overlay(j) for j in jobs]
+        return launcher_pb2.ListJobsResponse(jobs=jobs, next_page_token=token)
+
+    def CancelJob(self, request, context):
+        self._job(request.id, context)
+        return self.controller.overlay(self.controller.cancel(request.id))
+
+    def WatchJob(self, request, context):
+        self._job(request.id, context)
+        sent = None
+        while context.is_active() and not self.events.closed:
+            version = self.events.version(request.id)
+            job = self.controller.overlay(self.store.get(request.id))
+            data = job.SerializeToString()
+            if data != sent:
+                sent = data
+                yield job
+            if job.state in FINAL:
+                return
+            self.events.wait(request.id, version, WATCH_RECHECK_SECONDS)
+
+    def StreamLogs(self, request, context):
+        job = self._job(request.id, context)
+        offsets = {}  # attempt dir -> bytes sent
+        while context.is_active():
+            final = job.state in FINAL  # read before the logs: nothing written after is missed
+            sent_any = False
+            for attempt in sorted(glob.glob(os.path.join(job.run_dir, "attempts", "*"))):
+                path = os.path.join(attempt, "output.log")
+                if attempt not in offsets:
+                    offsets[attempt] = 0
+                    header = f"===== attempt {int(os.path.basename(attempt))} =====\n"
+                    yield launcher_pb2.LogChunk(data=header.encode())
+                for chunk in _read_from(path, offsets[attempt]):
+                    offsets[attempt] += len(chunk)
+                    sent_any = True
+                    yield launcher_pb2.LogChunk(data=chunk)
+            if not request.follow or (final and not sent_any):
+                return
+            if not sent_any:
+                time.sleep(0.25)
+            job = self.store.get(request.id)
+
+    def ReportProgress(self, request_iterator, context):
+        job_id = attempt = None
+        for progress in request_iterator:
+            if job_id is None:
+                job_id, attempt = progress.job_id, progress.attempt
+                self._check_trainer(job_id, context)
+            if (progress.job_id, progress.attempt) != (job_id, attempt):
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "one stream reports one attempt")
+            if not self.controller.report_progress(job_id, attempt, progress):
+                return launcher_pb2.ReportProgressResponse(stop=True)
+        return launcher_pb2.ReportProgressResponse(stop=False)
+
+    def _check_trainer(self, job_id, context):
+        """With auth on, a trainer proves it runs the attempt with the attempt's token."""
+        if self.auth is None:
+            return
+        metadata = context.invocation_metadata()
+        expected = self.store.attempt_token(job_id)
+        given = bearer(metadata)
+        if expected and given and hmac.compare_digest(expected.encode(), given.encode()):
+            return
+        caller = self.auth.identify(metadata)
+        if caller is None or not caller.admin:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "progress needs the attempt's token")
+
+
+def _read_from(path, offset):
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            while chunk := f.read(LOG_CHUNK_BYTES):
+                yield chunk
+    except FileNotFoundError:
+        return

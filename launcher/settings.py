@@ -1,0 +1,93 @@
+"""The launcher's config: a `kitchen.v1.LauncherConfig` (YAML or flags) with its defaults filled.
+
+Defaults live here and nowhere else: `resolve(cfg)` returns a copy where every unset field
+has its value, so the rest of the launcher reads fields without guessing.
+"""
+
+import os
+import sys
+
+from protos import launcher_pb2
+from protos.config_yaml import ConfigError
+
+DEFAULT_LISTEN = "127.0.0.1:50051"
+DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
+DEFAULT_HANG_TIMEOUT_SECONDS = 1800.0
+DEFAULT_KILL_GRACE_SECONDS = 60.0
+DEFAULT_RETENTION_SECONDS = 900.0
+DEFAULT_POLL_INTERVAL_SECONDS = 0.5
+WORKSPACE = "kitchen"  # Bazel workspace name: runfiles hold `kitchen/trainer/train`
+
+
+def default_state_dir() -> str:
+    """$KITCHEN_STATE_DIR, else .state/ in the workspace (`bazel run`) or the current dir."""
+    if os.environ.get("KITCHEN_STATE_DIR"):
+        return os.environ["KITCHEN_STATE_DIR"]
+    root = os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd()
+    return os.path.join(root, ".state")
+
+
+def _runfiles_dirs():
+    for var in ("RUNFILES_DIR", "PYTHON_RUNFILES"):
+        if os.environ.get(var):
+            yield os.environ[var]
+    yield os.path.abspath(sys.argv[0]) + ".runfiles"
+    here = os.path.abspath(__file__)
+    if ".runfiles" in here:
+        yield here[: here.index(".runfiles") + len(".runfiles")]
+
+
+def default_trainer_cmd() -> list:
+    """The trainer binary from this program's Bazel runfiles (`//trainer:train` is a data
+    dependency of `//launcher:submit`), else `python -m trainer.main` from the source tree."""
+    for runfiles in _runfiles_dirs():
+        candidate = os.path.join(runfiles, WORKSPACE, "trainer", "train")
+        if os.access(candidate, os.X_OK):
+            return [candidate]
+    return [sys.executable, "-m", "trainer.main"]
+
+
+def trainer_env() -> dict:
+    """Environment a trainer started from here needs to import the same modules."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+
+
+def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
+    out = launcher_pb2.LauncherConfig()
+    out.CopyFrom(cfg)
+    out.listen = out.listen or DEFAULT_LISTEN
+    out.metrics_listen = out.metrics_listen or DEFAULT_METRICS_LISTEN
+    out.state_dir = os.path.abspath(out.state_dir or default_state_dir())
+    if not out.pools:
+        out.pools.add(name="cpu", executor=launcher_pb2.LOCAL, nodes=1)
+    names = set()
+    for i, pool in enumerate(out.pools):
+        if not pool.name:
+            raise ConfigError(f"pools[{i}].name", "every pool needs a name")
+        if pool.name in names:
+            raise ConfigError(f"pools[{i}].name", f"pool {pool.name!r} is defined twice")
+        names.add(pool.name)
+        if pool.nodes < 0 or pool.gpus_per_node < 0:
+            raise ConfigError(f"pools[{i}]", "nodes and gpus_per_node cannot be negative")
+        pool.nodes = pool.nodes or 1
+        pool.executor = pool.executor or launcher_pb2.LOCAL
+    out.default_pool = out.default_pool or out.pools[0].name
+    if out.default_pool not in names:
+        raise ConfigError("default_pool", f"no pool named {out.default_pool!r}")
+    for i, quota in enumerate(out.quotas):
+        if not quota.team:
+            raise ConfigError(f"quotas[{i}].team", "a quota needs a team")
+    if not out.trainer_cmd:
+        out.trainer_cmd.extend(default_trainer_cmd())
+    for i, arg in enumerate(out.trainer_cmd):  # trainers run in their run dir, not here
+        if not os.path.isabs(arg) and os.path.exists(arg):
+            out.trainer_cmd[i] = os.path.abspath(arg)
+    if not out.torchrun_cmd:
+        out.torchrun_cmd.extend([sys.executable, "-m", "torch.distributed.run"])
+    out.hang_timeout_seconds = out.hang_timeout_seconds or DEFAULT_HANG_TIMEOUT_SECONDS
+    out.kill_grace_seconds = out.kill_grace_seconds or DEFAULT_KILL_GRACE_SECONDS
+    out.metrics_retention_seconds = out.metrics_retention_seconds or DEFAULT_RETENTION_SECONDS
+    out.poll_interval_seconds = out.poll_interval_seconds or DEFAULT_POLL_INTERVAL_SECONDS
+    if bool(out.tls_cert) != bool(out.tls_key):
+        raise ConfigError("tls_cert", "TLS needs both tls_cert and tls_key")
+    return out

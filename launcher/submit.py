@@ -1,0 +1,132 @@
+"""Submit a job from a YAML config and follow it to the end.
+
+    bazel run //launcher:submit -- --config configs/tiny.yaml [--launcher ADDR] [--detach]
+
+Without --launcher, an embedded launcher starts in this process (local executor, store and
+run dirs in the state dir: $KITCHEN_STATE_DIR, else .state/ in the workspace), runs the job and
+stops. The exit code is the job's outcome: 0 succeeded, 1 failed, 2 bad config, 130 cancelled
+(Ctrl-C cancels the job: the trainer saves a checkpoint first). With --launcher the job goes
+to that launcher; Ctrl-C then only stops following (the job keeps running).
+"""
+
+import argparse
+import getpass
+import os
+import shlex
+import signal
+import sys
+import threading
+
+import grpc
+
+from launcher import settings
+from launcher.client import Client
+from launcher.live_view import EXIT_CODES, LiveView, follow
+from launcher.server import Launcher, StateDirBusy
+from protos import job_pb2, launcher_pb2
+from protos.config_yaml import ConfigError, load_job_spec
+
+
+def _path(path: str) -> str:
+    """Paths given to `bazel run` are relative to where the user ran it."""
+    return os.path.join(os.environ.get("BUILD_WORKING_DIRECTORY", ""), path)
+
+
+def load_spec(path: str) -> job_pb2.JobSpec:
+    spec = load_job_spec(path)
+    if not spec.name:
+        spec.name = os.path.splitext(os.path.basename(path))[0]
+    spec.owner = spec.owner or getpass.getuser()
+    return spec
+
+
+def _embedded(args) -> Launcher:
+    cfg = launcher_pb2.LauncherConfig(
+        listen="127.0.0.1:0",
+        metrics_listen=f"127.0.0.1:{args.metrics_port}",
+        state_dir=_path(args.state_dir) if args.state_dir else "",
+    )
+    if args.trainer_cmd:
+        cfg.trainer_cmd.extend(shlex.split(args.trainer_cmd))
+    launcher = Launcher(cfg).start()
+    print(f"launcher: embedded on {launcher.address}; state in {launcher.cfg.state_dir}")
+    if launcher.metrics_port:
+        print(f"metrics:  http://127.0.0.1:{launcher.metrics_port}/metrics")
+    print(f"trainer:  {shlex.join(launcher.cfg.trainer_cmd)}")
+    return launcher
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="submit", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="job YAML (keys: kitchen.v1.JobSpec fields)")
+    p.add_argument("--launcher", help="launcher address (default: start one in this process)")
+    p.add_argument("--detach", action="store_true", help="print the job id and return")
+    p.add_argument("--token", help="bearer token (default $KITCHEN_TOKEN)")
+    p.add_argument("--tls-ca", help="PEM root certificate (default $KITCHEN_TLS_CA)")
+    p.add_argument(
+        "--state-dir", help=f"embedded launcher's state (default {settings.default_state_dir()})"
+    )
+    p.add_argument("--metrics-port", type=int, default=0, help="embedded /metrics port (0: any)")
+    p.add_argument(
+        "--trainer-cmd", help="embedded launcher's trainer command (default //trainer:train)"
+    )
+    args = p.parse_args(argv)
+    try:
+        spec = load_spec(_path(args.config))
+    except ConfigError as e:
+        print(f"submit: {e}", file=sys.stderr)
+        return 2
+    if args.detach and not args.launcher:
+        print(
+            "submit: --detach needs --launcher (an embedded launcher ends with submit)",
+            file=sys.stderr,
+        )
+        return 2
+    launcher = None
+    try:
+        if args.launcher:
+            client = Client(args.launcher, args.token, args.tls_ca)
+        else:
+            launcher = _embedded(args)
+            client = Client(launcher.address)
+        return _run(client, spec, args, embedded=launcher is not None)
+    except StateDirBusy as e:
+        print(f"submit: {e}", file=sys.stderr)
+        return 2
+    except grpc.RpcError as e:
+        print(f"submit: {e.code().name}: {e.details()}", file=sys.stderr)
+        return 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+    finally:
+        if launcher is not None:
+            launcher.stop()
+
+
+def _run(client: Client, spec, args, embedded: bool) -> int:
+    job = client.submit(spec)
+    kind = job_pb2.JobKind.Name(spec.kind).lower()
+    print(f"submitted {job.id} ({spec.name}, {kind}); run dir {job.run_dir}")
+    if args.detach:
+        print(f"follow it with: kitchen --launcher {args.launcher} watch {job.id}")
+        return 0
+    interrupted = threading.Event()
+
+    def on_interrupt(_signum, _frame):
+        if interrupted.is_set() or not embedded:
+            raise KeyboardInterrupt
+        interrupted.set()
+        print("\ncancelling: the trainer saves a checkpoint first (Ctrl-C again to leave now)")
+        threading.Thread(target=client.cancel, args=(job.id,), daemon=True).start()
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    try:
+        job = follow(client, job.id, LiveView())
+    except KeyboardInterrupt:
+        print(f"\nstopped following {job.id}" + ("" if embedded else "; it keeps running"))
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    return EXIT_CODES[job.state]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""What the launcher's tests share: a launcher on 127.0.0.1 running the fake trainer."""
+
+import json
+import os
+import sys
+import time
+
+from launcher.client import Client
+from launcher.server import Launcher
+from protos import job_pb2, launcher_pb2
+
+FAKE_TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_trainer.py")
+FINAL = (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED)
+
+
+def config(tmp_path, nodes=1, **fields) -> launcher_pb2.LauncherConfig:
+    """A launcher config for tests: ports chosen by the OS, fast polling, short grace."""
+    behaviour = tmp_path / "behaviour"
+    behaviour.mkdir(exist_ok=True)
+    cfg = launcher_pb2.LauncherConfig(
+        listen="127.0.0.1:0",
+        metrics_listen="127.0.0.1:0",
+        state_dir=str(tmp_path / "state"),
+        trainer_cmd=[sys.executable, FAKE_TRAINER, "--behaviour-dir", str(behaviour)],
+        poll_interval_seconds=0.05,
+        kill_grace_seconds=2,
+        **fields,
+    )
+    if not cfg.pools:
+        cfg.pools.add(name="cpu", nodes=nodes)
+    return cfg
+
+
+def behave(tmp_path, name, **behaviour):
+    """Tells the fake trainer how to (mis)behave for jobs named `name`."""
+    (tmp_path / "behaviour" / f"{name}.json").write_text(json.dumps(behaviour))
+
+
+def spec(name="tiny", steps=6, priority=0, **fields) -> job_pb2.JobSpec:
+    s = job_pb2.JobSpec(name=name, kind=job_pb2.PRETRAIN, priority=priority, **fields)
+    s.trainer.train.steps = steps
+    s.retry.backoff_seconds = 0.2
+    return s
+
+
+def start(cfg) -> tuple[Launcher, Client]:
+    launcher = Launcher(cfg).start()
+    return launcher, Client(launcher.address)
+
+
+def wait_for(client, job_id, states, timeout=30.0) -> job_pb2.Job:
+    """Polls GetJob until the job is in one of `states`; fails with the job's story if not."""
+    deadline = time.monotonic() + timeout
+    job = client.get(job_id)
+    while job.state not in states:
+        if time.monotonic() > deadline:
+            names = [job_pb2.JobState.Name(s) for s in states]
+            raise AssertionError(f"{job_id} not in {names} after {timeout} s: {job}")
+        time.sleep(0.05)
+        job = client.get(job_id)
+    return job
+
+
+def steps_log(job) -> list[tuple[int, int]]:
+    """(attempt, step) for every step the fake trainer ran for this job."""
+    path = os.path.join(job.run_dir, "steps.log")
+    with open(path) as f:
+        return [tuple(map(int, line.split())) for line in f if line.strip()]
