@@ -28,8 +28,10 @@ The 34 counts 16 hidden-sized tensors of 2 bytes (attention 5, MLP 9, norms 2) p
 dropout masks; the 5 counts the softmax output and the dropout output (2 bytes each) plus the
 dropout mask (1 byte). `bytes_per_element` and `dropout` make those counts explicit: fp32 CPU
 training has 4-byte elements, and Llama-style blocks (Kitchen's) have no dropout, which leaves
-s·b·h·(16·e + a·s·e/h). Kernels that never materialize the scores (flash attention, as SDPA
-runs on a GPU) make "none" cost about what "selective" costs.
+s·b·h·(16·e + a·s·e/h). Flash attention (SDPA's kernels on a GPU, the variable-length path)
+never stores the a·s² scores: it recomputes them inside its backward, which is Korthikanti's
+selective recomputation done by the kernel, so with `flash_attention` "none" costs what
+"selective" costs (plus a logsumexp of 4·a·s·b bytes, negligible).
 
 Korthikanti's count is what is saved; the peak adds what the backward pass builds while it runs:
 the gradient of the fp32 logits (4·s·b·V, gone with a fused linear cross-entropy) and, with
@@ -88,6 +90,7 @@ def activation_bytes_per_layer(
     *,
     bytes_per_element: int = 2,
     dropout: bool = True,
+    flash_attention: bool = False,
 ) -> float:
     """Bytes one transformer layer keeps for backward (Korthikanti et al. 2022, see module doc)."""
     if recompute not in RECOMPUTE_MODES:
@@ -96,7 +99,7 @@ def activation_bytes_per_layer(
     if recompute == "full":
         return s * b * h * e
     per_layer = s * b * h * (16 * e + (2 if dropout else 0))
-    if recompute == "none":
+    if recompute == "none" and not flash_attention:
         per_layer += a * s * s * b * ((2 * e + 1) if dropout else e)
     return per_layer
 
@@ -111,13 +114,16 @@ def backward_transient_bytes(
     *,
     bytes_per_element: int = 2,
     dropout: bool = True,
+    flash_attention: bool = False,
 ) -> float:
     """Bytes the backward pass adds to what was saved: 4·s·b·V + (none − recompute) for a layer.
 
     The loss's gradient with respect to the fp32 logits, then, with recomputation, the
     activations of the one layer being recomputed.
     """
-    sizes = dict(bytes_per_element=bytes_per_element, dropout=dropout)
+    sizes = dict(
+        bytes_per_element=bytes_per_element, dropout=dropout, flash_attention=flash_attention
+    )
     rebuilt = activation_bytes_per_layer(seq_len, micro_batch, hidden, n_heads, "none", **sizes)
     kept = activation_bytes_per_layer(seq_len, micro_batch, hidden, n_heads, recompute, **sizes)
     return 4 * seq_len * micro_batch * vocab + rebuilt - kept

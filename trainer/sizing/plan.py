@@ -83,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype", choices=["bf16", "fp32"], help="training precision (bf16; fp32 on cpu)"
     )
     h.add_argument(
+        "--attention",
+        choices=["flash", "materialized"],
+        help="flash: the a·s² scores are never stored (SDPA on a GPU, the default there); "
+        "materialized: they are (the default on cpu, and Korthikanti et al.'s case)",
+    )
+    h.add_argument(
         "--dropout",
         action="store_true",
         help="count dropout masks, as Korthikanti et al. do (Kitchen's model has no dropout)",
@@ -151,7 +157,9 @@ def make_plan(a) -> dict:
     if not 0 < a.mfu <= 1:
         hint = f" (did you mean {a.mfu / 100:g}?)" if 1 < a.mfu <= 100 else ""
         raise PlanError(f"--mfu: {a.mfu:g} is not a fraction in (0, 1]{hint}")
-    a.dtype = a.dtype or ("fp32" if a.gpu.lower() == "cpu" else "bf16")
+    on_cpu = a.gpu.lower() == "cpu"
+    a.dtype = a.dtype or ("fp32" if on_cpu else "bf16")
+    a.attention = a.attention or ("materialized" if on_cpu else "flash")
     s = _shape(a)
     L, d, H, V, T = s["layers"], s["dim"], s["heads"], s["vocab"], a.seq_len
     Q = d // H
@@ -214,14 +222,14 @@ def _memory(a, s, total: int, mem_gib: float) -> dict:
             "optimizer": q(st.optimizer, "B", f"{o}·N{shard[level >= 1]}"),
             "total": q(st.total, "B", "weights + gradients + optimizer"),
         }
-    drop = a.dropout
+    drop, flash = a.dropout, a.attention == "flash"
     c, k = 16 * e + (2 if drop else 0), (2 * e + 1) if drop else e  # the paper's 34 and 5
     per_layer_formula = {
-        "none": f"s·b·h·({c} + {k}·a·s/h)",
+        "none": f"{c}·s·b·h (flash: no a·s² scores)" if flash else f"s·b·h·({c} + {k}·a·s/h)",
         "selective": f"{c}·s·b·h",
         "full": f"{e}·s·b·h",
     }
-    sizes = dict(bytes_per_element=e, dropout=drop)
+    sizes = dict(bytes_per_element=e, dropout=drop, flash_attention=flash)
     act, backward = {}, {}
     for mode, formula in per_layer_formula.items():
         act[mode] = q(memory.activation_bytes_per_layer(T, b, d, H, mode, **sizes), "B", formula)
@@ -252,7 +260,8 @@ def _memory(a, s, total: int, mem_gib: float) -> dict:
         "model_states": states,
         "activations_per_layer": act,
         "activation_note": f"{e}-byte activations, "
-        + ("with dropout masks (the paper's case)" if drop else "no dropout (Kitchen's blocks)"),
+        + ("with dropout masks (the paper's case)" if drop else "no dropout (Kitchen's blocks)")
+        + f", {a.attention} attention",
         "output_layer": q(out, "B", f"2·s·b·h·{e} + 4·s·b·V (fp32 logits for the loss)"),
         "backward_transient": backward,
         "device_memory": q(mem_gib * GIB, "B", "accelerator table (or --memory-gib / RAM)"),

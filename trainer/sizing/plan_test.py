@@ -36,7 +36,7 @@ def test_llama2_7b_numbers_by_hand(capsys):
 
 
 def test_memory_and_fits(capsys):
-    p = run_json(capsys, *LLAMA2_7B, *HARDWARE)["memory"]
+    p = run_json(capsys, *LLAMA2_7B, *HARDWARE, "--attention", "materialized")["memory"]
     n = 6_738_415_616
     assert p["layout"] == "mixed"
     assert p["model_states"]["ddp"]["total"]["value"] == 16 * n
@@ -50,8 +50,16 @@ def test_memory_and_fits(capsys):
     assert p["fits"]["zero3"]["full"]["fits"]
 
 
+def test_flash_attention_stores_no_scores_by_default_on_a_gpu(capsys):
+    p = run_json(capsys, *LLAMA2_7B, *HARDWARE)["memory"]
+    act = p["activations_per_layer"]
+    assert act["none"]["value"] == act["selective"]["value"] == 32 * 4096 * 4096
+    assert p["backward_transient"]["none"]["value"] == 4 * 4096 * 32000  # the logits' gradient
+
+
 def test_dropout_flag_gives_the_papers_constants(capsys):
-    p = run_json(capsys, *LLAMA2_7B, *HARDWARE, "--dropout")["memory"]
+    args = [*LLAMA2_7B, *HARDWARE, "--dropout", "--attention", "materialized"]
+    p = run_json(capsys, *args)["memory"]
     assert p["activations_per_layer"]["none"]["formula"] == "s·b·h·(34 + 5·a·s/h)"
     assert p["activations_per_layer"]["selective"]["formula"] == "34·s·b·h"
     assert p["activations_per_layer"]["none"]["value"] == 4096 * 4096 * (34 + 5 * 32)
@@ -67,7 +75,7 @@ def test_text_output_shows_values_units_and_formulas(capsys):
         "basis table:H100-SXM",
         "337.1 days",
         "ZeRO-3/FSDP",
-        "s·b·h·(32 + 2·a·s/h)",
+        "32·s·b·h (flash: no a·s² scores)",
         "max useful DP degree",
         "McCandlish",
     ):

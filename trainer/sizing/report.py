@@ -99,9 +99,13 @@ def render(plan: dict) -> str:
     lines.append("  backward working set (built while the backward pass runs):")
     for mode, item in mem["backward_transient"].items():
         row(f"  recompute {mode}", item)
+    if inputs["attention"] == "flash":
+        lines += [
+            "    (flash attention recomputes the a·s² scores inside its backward: 'none' costs",
+            "     what 'selective' costs; --attention materialized --dropout gives the paper's",
+            "     s·b·h·(34 + 5·a·s/h))",
+        ]
     lines += [
-        "    (flash attention, as SDPA runs it on a GPU, never stores the a·s² scores: there",
-        "     'none' costs about what 'selective' costs)",
         f"  what fits in {fmt(mem['usable_memory'])}, {mem['usable_memory']['formula']} of "
         f"{fmt(mem['device_memory'])}:",
         f"    {mem['fits_formula']}",
