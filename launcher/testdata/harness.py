@@ -61,6 +61,16 @@ def wait_for(client, job_id, states, timeout=30.0) -> job_pb2.Job:
     return job
 
 
+def wait_for_step(client, job_id, step, timeout=30.0) -> job_pb2.Job:
+    """Polls GetJob until the trainer has reported `step`."""
+    deadline = time.monotonic() + timeout
+    while (job := client.get(job_id)).progress.step < step:
+        if time.monotonic() > deadline or job.state in FINAL:
+            raise AssertionError(f"{job_id} never reported step {step}: {job}")
+        time.sleep(0.05)
+    return job
+
+
 def steps_log(job) -> list[tuple[int, int]]:
     """(attempt, step) for every step the fake trainer ran for this job."""
     path = os.path.join(job.run_dir, "steps.log")

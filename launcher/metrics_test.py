@@ -1,0 +1,134 @@
+"""The Prometheus exporter: series per job, launcher-wide series, bounded cardinality."""
+
+import math
+import time
+import urllib.request
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from launcher.metrics import LauncherMetrics
+from launcher.testdata import harness as h
+from protos import job_pb2, progress_pb2
+
+ISSUE_METRICS = [
+    "kitchen_train_step_duration_seconds", "kitchen_train_mfu_ratio", "kitchen_train_tokens",
+    "kitchen_train_tokens_per_second", "kitchen_train_loss", "kitchen_train_goodput_ratio",
+    "kitchen_jobs", "kitchen_queue_depth", "kitchen_job_queue_wait_seconds", "kitchen_job_attempts",
+    "kitchen_scheduler_pass_duration_seconds",
+]  # fmt: skip
+
+
+def samples(text):
+    """{(sample name, frozenset(labels)): value} of a /metrics page."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def scrape(port) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.read().decode()
+
+
+def make_job():
+    job = job_pb2.Job(id="j7", pool="cpu", state=job_pb2.RUNNING)
+    job.spec.name, job.spec.kind, job.spec.team = "tiny", job_pb2.PRETRAIN, "nlp"
+    return job
+
+
+LABELS = frozenset(
+    {"job": "j7", "name": "tiny", "kind": "pretrain", "pool": "cpu", "team": "nlp"}.items()
+)
+
+
+def test_step_histogram_counts_steps_and_retention_drops_finished_jobs():
+    now = [100.0]
+    m = LauncherMetrics(retention_seconds=60, clock=lambda: now[0])
+    job = make_job()
+    m.attempt_started(job, waited_seconds=3.0)
+    for step, seconds in ((10, 0.2), (20, 0.2), (30, 3.0)):
+        m.progress(
+            job, progress_pb2.Progress(attempt=1, step=step, step_time_seconds=seconds, loss=2.0)
+        )
+    got = samples(generate_latest(m.registry).decode())
+    assert got[("kitchen_train_step_duration_seconds_count", LABELS)] == 21  # 1 + 10 + 10 steps
+    assert got[("kitchen_train_step_duration_seconds_bucket", LABELS | {("le", "0.25")})] == 11
+    assert math.isnan(got[("kitchen_train_eval_loss", LABELS)])  # no eval yet: not zero
+    assert got[("kitchen_job_attempts_total", LABELS)] == 1
+    assert (
+        got[
+            (
+                "kitchen_job_queue_wait_seconds_count",
+                frozenset({"pool": "cpu", "team": "nlp"}.items()),
+            )
+        ]
+        == 1
+    )
+    job.state = job_pb2.SUCCEEDED
+    m.attempt_ended(job, preempted=False)
+    now[0] += 59
+    assert ("kitchen_train_loss", LABELS) in samples(generate_latest(m.registry).decode())
+    now[0] += 2
+    assert not any(
+        dict(labels).get("job") == "j7"
+        for _, labels in samples(generate_latest(m.registry).decode())
+    )
+
+
+def test_a_resumed_attempt_counts_its_steps_again():
+    m = LauncherMetrics(retention_seconds=60)
+    job = make_job()
+    m.progress(job, progress_pb2.Progress(attempt=1, step=10, step_time_seconds=0.1))
+    m.progress(job, progress_pb2.Progress(attempt=1, step=20, step_time_seconds=0.1))
+    m.progress(job, progress_pb2.Progress(attempt=2, step=12, step_time_seconds=0.1))  # from ckpt
+    m.progress(job, progress_pb2.Progress(attempt=2, step=20, step_time_seconds=0.1))
+    got = samples(generate_latest(m.registry).decode())
+    assert got[("kitchen_train_step_duration_seconds_count", LABELS)] == 11 + 9
+
+
+def test_scrape_a_live_launcher(tmp_path):
+    cfg = h.config(tmp_path, metrics_retention_seconds=1.0)
+    launcher, client = h.start(cfg)
+    try:
+        h.behave(tmp_path, "long", steps=10_000, step_seconds=0.02)
+        running = client.submit(h.spec("long", team="nlp"))
+        queued = client.submit(h.spec("next", team="nlp"))
+        h.wait_for_step(client, running.id, 5)
+        h.wait_for(client, queued.id, [job_pb2.QUEUED])
+        text = scrape(launcher.metrics_port)
+        names = {f.name for f in text_string_to_metric_families(text)}
+        assert set(ISSUE_METRICS) <= names, set(ISSUE_METRICS) - names
+        got = samples(text)
+        labels = frozenset(
+            {
+                "job": running.id,
+                "name": "long",
+                "kind": "pretrain",
+                "pool": "cpu",
+                "team": "nlp",
+            }.items()
+        )
+        assert got[("kitchen_train_mfu_ratio", labels)] == 0.25
+        assert got[("kitchen_train_tokens_total", labels)] >= 5 * 64
+        assert got[("kitchen_queue_depth", frozenset({"pool": "cpu"}.items()))] == 1
+        assert got[("kitchen_jobs", frozenset({"state": "RUNNING", "pool": "cpu"}.items()))] == 1
+        assert (
+            got[("kitchen_pool_in_use", frozenset({"pool": "cpu", "resource": "nodes"}.items()))]
+            == 1
+        )
+        assert got[("kitchen_scheduler_pass_duration_seconds_count", frozenset())] >= 1
+        for job in (running, queued):
+            client.cancel(job.id)
+            h.wait_for(client, job.id, h.FINAL)
+        time.sleep(1.5)  # past the retention window
+        after = samples(scrape(launcher.metrics_port))
+        assert not any(dict(lbl).get("job") in (running.id, queued.id) for _, lbl in after)
+        assert (
+            after[("kitchen_jobs", frozenset({"state": "CANCELLED", "pool": "cpu"}.items()))] == 2
+        )
+    finally:
+        client.close()
+        launcher.stop()

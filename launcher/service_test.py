@@ -1,0 +1,175 @@
+"""The gRPC service end to end: a real launcher on 127.0.0.1 running the fake trainer."""
+
+import threading
+
+import grpc
+import pytest
+
+from launcher import health
+from launcher.testdata import harness as h
+from protos import job_pb2
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    launcher, client = h.start(h.config(tmp_path))
+    yield launcher, client
+    client.close()
+    launcher.stop()
+
+
+def test_submit_runs_to_success_with_watch_and_logs(launcher, tmp_path):
+    _, client = launcher
+    job = client.submit(h.spec("ok", steps=4))
+    assert job.state == job_pb2.QUEUED and job.run_dir.endswith(f"runs/{job.id}")
+    states = []
+    for update in client.watch(job.id):
+        if not states or states[-1] != update.state:
+            states.append(update.state)
+    assert states[-1] == job_pb2.SUCCEEDED
+    assert job_pb2.RUNNING in states
+    done = client.get(job.id)
+    assert (done.attempts, done.failures, done.progress.step) == (1, 0, 4)
+    assert done.progress.total_steps == 4 and done.HasField("finished")
+    logs = b"".join(c.data for c in client.logs(job.id)).decode()
+    assert "===== attempt 1 =====" in logs and "done at step 4" in logs
+    assert h.steps_log(done) == [(1, 1), (1, 2), (1, 3), (1, 4)]
+
+
+def test_followed_logs_end_with_the_job(launcher, tmp_path):
+    _, client = launcher
+    h.behave(tmp_path, "slow", step_seconds=0.1)
+    job = client.submit(h.spec("slow", steps=8))
+    text = b"".join(c.data for c in client.logs(job.id, follow=True)).decode()
+    assert "done at step 8" in text
+    assert client.get(job.id).state == job_pb2.SUCCEEDED
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda s: s.ClearField("kind"), "spec.kind: a job needs a kind"),
+        (lambda s: setattr(s, "name", "bad name!"), "spec.name: 'bad name!'"),
+        (lambda s: setattr(s.resources, "pool", "gpu"), "spec.resources.pool: no pool 'gpu'"),
+        (lambda s: setattr(s.resources, "nodes", 2), "spec.resources.nodes: 2 nodes, but pool"),
+        (lambda s: setattr(s.trainer.model, "n_heads", 0), "spec.trainer.model.n_heads: must be"),
+        (lambda s: setattr(s.retry, "max_attempts", -1), "spec.retry.max_attempts: -1 is neg"),
+    ],
+)
+def test_bad_specs_are_rejected_and_nothing_is_stored(launcher, mutate, message):
+    _, client = launcher
+    spec = h.spec("bad")
+    mutate(spec)
+    with pytest.raises(grpc.RpcError) as err:
+        client.submit(spec)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(message)
+    assert list(client.list().jobs) == []
+
+
+def test_cancel_queued_and_running_jobs(launcher, tmp_path):
+    _, client = launcher
+    h.behave(tmp_path, "long", steps=10_000, step_seconds=0.02)
+    running = client.submit(h.spec("long"))
+    queued = client.submit(h.spec("waiting"))
+    h.wait_for_step(client, running.id, 1)  # the trainer has its SIGTERM handler by now
+    cancelled = client.cancel(queued.id)
+    assert cancelled.state == job_pb2.CANCELLED
+    stopping = client.cancel(running.id)
+    assert stopping.stop == job_pb2.STOP_CANCEL
+    done = h.wait_for(client, running.id, h.FINAL)
+    assert done.state == job_pb2.CANCELLED
+    assert "SIGTERM: checkpoint" in b"".join(c.data for c in client.logs(running.id)).decode()
+    assert client.cancel(running.id).state == job_pb2.CANCELLED  # idempotent
+    with pytest.raises(grpc.RpcError) as err:
+        client.cancel("j999")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_queued_job_says_why_it_waits(launcher, tmp_path):
+    _, client = launcher
+    h.behave(tmp_path, "long", steps=10_000, step_seconds=0.02)
+    first = client.submit(h.spec("long"))
+    h.wait_for(client, first.id, [job_pb2.RUNNING])
+    second = client.submit(h.spec("next"))
+    third = client.submit(h.spec("after"))
+    h.wait_for(client, third.id, [job_pb2.QUEUED])
+    assert client.get(second.id).waiting_reason == "pool cpu full (1/1 nodes in use)"
+    assert client.get(third.id).waiting_reason == f"behind {second.id} (priority 0) in pool cpu"
+    for job in (first, second, third):
+        client.cancel(job.id)
+
+
+def test_many_concurrent_clients_lose_nothing(launcher, tmp_path):
+    launcher_, client = launcher
+    h.behave(tmp_path, "blocker", steps=10_000, step_seconds=0.02)
+    blocker = client.submit(h.spec("blocker"))  # holds the pool: the rest stay queued
+    h.wait_for(client, blocker.id, [job_pb2.RUNNING])
+    errors, ids = [], []
+    lock = threading.Lock()
+
+    def submit_many(worker):
+        own = h.Client(launcher_.address)
+        try:
+            for i in range(20):
+                request_id = f"w{worker}-{i}"
+                job = own.submit(h.spec(f"w{worker}-{i}"), request_id=request_id)
+                again = own.submit(h.spec(f"w{worker}-{i}"), request_id=request_id)
+                assert again.id == job.id  # a retried submit is the same job
+                own.list(page_size=20)
+                with lock:
+                    ids.append(job.id)
+        except Exception as e:  # collected: a failure in a thread must fail the test
+            errors.append(e)
+        finally:
+            own.close()
+
+    threads = [threading.Thread(target=submit_many, args=(w,)) for w in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(ids) == len(set(ids)) == 320
+    listed, token = [], ""
+    while True:
+        page = client.list(states=[job_pb2.QUEUED], page_size=100, page_token=token)
+        listed += [j.id for j in page.jobs]
+        token = page.next_page_token
+        if not token:
+            break
+    assert sorted(listed) == sorted(ids)
+    client.cancel(blocker.id)
+
+
+def test_list_filters_and_bad_page_token(launcher):
+    _, client = launcher
+    a = client.submit(h.spec("a", team="nlp", owner="ann"))
+    b = client.submit(h.spec("b", team="vision", owner="bob"))
+    assert [j.id for j in client.list(team="nlp").jobs] == [a.id]
+    assert [j.id for j in client.list(owner="bob").jobs] == [b.id]
+    with pytest.raises(grpc.RpcError) as err:
+        client.list(page_token="nope")
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for job in (a, b):
+        h.wait_for(client, job.id, h.FINAL)
+
+
+def test_health_serving_then_not_serving_on_shutdown(tmp_path):
+    launcher, client = h.start(h.config(tmp_path))
+    assert health.check(client.channel) == health.SERVING
+    assert health.check(client.channel, "kitchen.v1.Launcher") == health.SERVING
+    with pytest.raises(grpc.RpcError) as err:
+        health.check(client.channel, "nope")
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    watch = client.channel.unary_stream(
+        f"/{health.SERVICE}/Watch",
+        request_serializer=health.HealthCheckRequest.SerializeToString,
+        response_deserializer=health.HealthCheckResponse.FromString,
+    )(health.HealthCheckRequest(service=""))
+    assert next(watch).status == health.SERVING
+    stopper = threading.Thread(target=launcher.stop, kwargs={"grace": 2.0})
+    stopper.start()
+    assert next(watch).status == health.NOT_SERVING  # seen before the server goes away
+    stopper.join()
+    client.close()
