@@ -9,12 +9,12 @@ Model states, Adam, bytes per parameter (Rajbhandari et al. 2019, "ZeRO"):
 "mixed" is Megatron/DeepSpeed mixed precision. "fp32" is what PyTorch-native training keeps:
 fp32 parameters with bf16 autocast on a GPU (FSDP2 shards the fp32 parameters and gathers bf16
 copies per layer), and plain fp32 training on a CPU; the Kitchen trainer is "fp32" in both cases.
-The totals agree; the split matters once things are sharded across d data-parallel ranks:
+The totals agree; the split matters once things are sharded across R data-parallel ranks:
 
     DDP     everything replicated:           W + G + O
-    ZeRO-1  optimizer state sharded:         W + G + O/d
-    ZeRO-2  + gradients sharded:             W + (G + O)/d
-    ZeRO-3  + weights sharded (FSDP):        (W + G + O)/d
+    ZeRO-1  optimizer state sharded:         W + G + O/R
+    ZeRO-2  + gradients sharded:             W + (G + O)/R
+    ZeRO-3  + weights sharded (FSDP):        (W + G + O)/R
 
 Activations saved for the backward pass, per transformer layer (Korthikanti et al. 2022,
 "Reducing Activation Recomputation in Large Transformer Models", s = sequence length,
@@ -73,11 +73,11 @@ def model_state_bytes(
         raise ValueError(f"world_size: expected >= 1, got {world_size}")
     w, g, o = (n_params * per_param for per_param in LAYOUTS[layout])
     level = SHARDINGS.index(sharding)  # 0 ddp, 1 optimizer, 2 + gradients, 3 + weights
-    d = world_size
+    r = world_size
     return ModelStateBytes(
-        weights=w / d if level >= 3 else w,
-        gradients=g / d if level >= 2 else g,
-        optimizer=o / d if level >= 1 else o,
+        weights=w / r if level >= 3 else w,
+        gradients=g / r if level >= 2 else g,
+        optimizer=o / r if level >= 1 else o,
     )
 
 

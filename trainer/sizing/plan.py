@@ -172,7 +172,13 @@ def make_plan(a) -> dict:
     tokens_basis = "given (--tokens)" if a.tokens else "20 × parameters (Chinchilla-optimal)"
     model = {
         "shape": {**s, "head_dim": Q},
-        "parameters": q(total, "params", "given (--params)" if a.params else "V·d + L·layer + d"),
+        "parameters": q(
+            total,
+            "params",
+            "given (--params)"
+            if a.params
+            else ("V·d (tied) + L·layer + d" if s["tie_embeddings"] else "2·V·d + L·layer + d"),
+        ),
         "params_per_layer": q(pc.per_layer, "params", "2·d² + 2·d·KVH·Q + 3·d·f + 2·d"),
         "non_embedding": q(n, "params", "L·layer + V·d (blocks and output projection)"),
     }
@@ -215,7 +221,7 @@ def _memory(a, s, total: int, mem_gib: float) -> dict:
     states = {}
     for level, sharding in enumerate(memory.SHARDINGS):
         st = memory.model_state_bytes(total, layout=layout, sharding=sharding, world_size=a.gpus)
-        shard = ["", "/d"]
+        shard = ["", "/R"]
         states[sharding] = {
             "weights": q(st.weights, "B", f"{w}·N{shard[level >= 3]}"),
             "gradients": q(st.gradients, "B", f"{g}·N{shard[level >= 2]}"),

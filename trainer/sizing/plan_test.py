@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +137,17 @@ def test_bad_input_names_the_flag(capsys, argv, message):
         plan.main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_readme_worked_example_is_the_cli_output(capsys):
+    # The README's example is pasted CLI output; it must still be what the CLI prints.
+    readme = (Path(__file__).parent / "README.md").read_text()
+    block = readme.split("$ ./bazel run //trainer:plan -- ", 1)[1].split("\n```", 1)[0]
+    lines = block.split("\n")
+    argv_lines = [lines[0]]
+    while argv_lines[-1].endswith("\\"):
+        argv_lines.append(lines[len(argv_lines)])
+    argv = " ".join(line.rstrip("\\") for line in argv_lines).split()
+    expected = "\n".join(lines[len(argv_lines) :])
+    assert expected.startswith("Plan for") and "BATCH" in expected
+    assert run(capsys, *argv).rstrip() == expected.rstrip()

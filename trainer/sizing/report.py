@@ -81,7 +81,7 @@ def render(plan: dict) -> str:
         row(label, t[key])
 
     section(f"MEMORY PER GPU: model states, {mem['layout']} layout, 16 bytes/parameter")
-    lines.append(f"  ({mem['layout_note']}; d = {plan['inputs']['gpus']} data-parallel GPUs)")
+    lines.append(f"  ({mem['layout_note']}; R = {plan['inputs']['gpus']} data-parallel ranks)")
     lines.append(f"  {'':<12}{'weights':>12}{'gradients':>12}{'optimizer':>12}{'total':>12}")
     for sharding, st in mem["model_states"].items():
         cells = "".join(f"{fmt(st[k]):>12}" for k in ("weights", "gradients", "optimizer"))
@@ -131,7 +131,8 @@ def render(plan: dict) -> str:
     crit = b["critical_batch_prior"]
     priors = ", ".join(f"{k}: {fmt(q(v, 'tokens', ''))}" for k, v in crit["tokens_at_loss"].items())
     lines += [
-        f"  critical batch prior at loss (nats/token) {priors}",
+        "  critical batch prior at a loss (nats/token) of",
+        f"    {priors}",
         f"    {crit['formula']}",
         f"  this batch is the prior's B_crit at a loss of {crit['loss_where_critical']:.2f} nats;"
         " above that loss",
