@@ -1,0 +1,149 @@
+"""precook: build a packed dataset, or analyze what each packing strategy wastes.
+
+    bazel run //trainer:precook -- build [--input PATH] [--seq-len 256] [--packing best_fit] ...
+    bazel run //trainer:precook -- analyze [--input PATH] [--seq-len 2048,4096,8192] [--json]
+
+Without --input the corpus is the running interpreter's standard library (*.py files).
+Every flag sets the kitchen.v1.DataConfig field of the same name (protos/trainer_config.proto).
+Exit status: 0 done, 2 bad input (the message names the flag or the file and line).
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from trainer.data import analyze as analyze_mod
+from trainer.data import defaults
+from trainer.data.errors import DataConfigError, PrecookError
+from trainer.data.packing import STRATEGIES
+from trainer.data.precook import precook_dataset, reporter
+from trainer.data.shards import SPLITS
+
+FORMATS = ("text_files", "jsonl", "jsonl_chat")
+TOKENIZERS = ("bpe_train", "bpe_file", "cl100k")
+
+
+def _here(path: str) -> str:
+    """A user's path: relative to where they ran `bazel run` (Bazel changes the cwd)."""
+    base = os.environ.get("BUILD_WORKING_DIRECTORY", os.getcwd())
+    return os.path.join(base, os.path.expanduser(path)) if path else path
+
+
+def default_cache_dir() -> str:
+    if os.environ.get("KITCHEN_STATE_DIR"):
+        return os.path.join(os.environ["KITCHEN_STATE_DIR"], "precook")
+    root = os.environ.get("BUILD_WORKSPACE_DIRECTORY", os.getcwd())
+    return os.path.join(root, ".state", "precook")
+
+
+def _add_corpus_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", default="", help="directory, file or glob (default: the stdlib)")
+    p.add_argument("--format", choices=FORMATS, help="default text_files")
+    p.add_argument("--text-field", help='JSONL: field holding the text (default "text")')
+    p.add_argument("--prompt-field", help='JSONL_CHAT: prompt field (default "prompt")')
+    p.add_argument("--response-field", help='JSONL_CHAT: response field (default "response")')
+    p.add_argument("--tokenizer", choices=TOKENIZERS, help="default bpe_train")
+    p.add_argument("--vocab-size", type=int, help="bpe_train: vocabulary size (default 4096)")
+    p.add_argument("--tokenizer-path", default="", help="bpe_file: a tokenizer.json")
+    p.add_argument("--workers", type=int, help="tokenizing processes (default: CPUs)")
+    p.add_argument("--cache-dir", default="", help="default $KITCHEN_STATE_DIR/precook")
+    p.add_argument("--eval-fraction", type=float, help="documents held out (default 0.02)")
+    p.add_argument("--max-documents", type=int, help="use the first N documents (0 = all)")
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="precook", description=__doc__.split("\n\n")[0])
+    sub = top.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="precook a dataset (cached)")
+    _add_corpus_flags(build)
+    build.add_argument("--seq-len", type=int, help="tokens per row (default 256)")
+    build.add_argument("--packing", choices=STRATEGIES, help="default best_fit")
+    build.add_argument("--shard-tokens", type=int, help="tokens per shard (default 16Mi)")
+    analyze = sub.add_parser("analyze", help="padding waste and efficiency of every strategy")
+    _add_corpus_flags(analyze)
+    analyze.add_argument("--seq-len", default="2048,4096,8192", help="comma-separated lengths")
+    analyze.add_argument("--plot", default="precook_lengths.png", help="histogram PNG path")
+    analyze.add_argument("--no-plot", action="store_true", help="skip the histogram")
+    return top
+
+
+def data_config(args):
+    """The DataConfig the flags describe (unset flags stay unset: defaults apply later)."""
+    from protos import trainer_config_pb2
+
+    cfg = trainer_config_pb2.DataConfig(input=_here(args.input))
+    cfg.tokenizer_path = _here(args.tokenizer_path)
+    for field in ("text_field", "prompt_field", "response_field", "vocab_size", "workers"):
+        if getattr(args, field) is not None:
+            setattr(cfg, field, getattr(args, field))
+    for field in ("eval_fraction", "max_documents", "shard_tokens"):
+        if getattr(args, field, None) is not None:
+            setattr(cfg, field, getattr(args, field))
+    for field in ("format", "tokenizer", "packing"):
+        if getattr(args, field, None):
+            setattr(cfg, field, defaults.enum_value(cfg, field, getattr(args, field)))
+    if args.command == "build" and args.seq_len is not None:
+        cfg.seq_len = args.seq_len
+    return cfg
+
+
+def _seq_lens(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise DataConfigError("seq_len", f"{text!r} is not a comma-separated list") from None
+    if not values or min(values) < 2:
+        raise DataConfigError("seq_len", f"{text!r}: every length must be at least 2 tokens")
+    return sorted(set(values))
+
+
+def _summary(ds) -> str:
+    m = ds.manifest
+    lines = [f"{'cache hit' if ds.cache_hit else 'precooked'}: {ds.path}"]
+    width = "<= " if m["packing"] == "bucket" else ""
+    for name in SPLITS:
+        s = m["splits"][name]
+        fill = 100 * s["target_tokens"] / max(s["slots"], 1)
+        lines.append(
+            f"  {name:<5} {s['documents']:>8,} documents  {s['tokens']:>12,} tokens  "
+            f"{s['rows']:>8,} rows of {width}{m['seq_len']} ({m['packing']})  {fill:6.2f}% of "
+            f"slots trained on  {s['truncated_tokens']:,} tokens truncated"
+        )
+    t = m["tokenizer"]
+    lines.append(f"  tokenizer: {t['kind']}, {t['vocab_size']:,} ids, shards {m['token_dtype']}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    say = reporter(not args.json)
+    cache_dir = _here(args.cache_dir) or default_cache_dir()
+    try:
+        cfg = data_config(args)
+        if args.command == "build":
+            ds = precook_dataset(cfg, cache_dir, show_progress=not args.json)
+            if args.json:
+                out = {"path": ds.path, "cache_hit": ds.cache_hit, "manifest": ds.manifest}
+                print(json.dumps(out, indent=1))
+            else:
+                print(_summary(ds))
+            return 0
+        seq_lens = _seq_lens(args.seq_len)
+        resolved = defaults.resolve(cfg)
+        plot = None if args.no_plot else _here(args.plot)
+        report = analyze_mod.analyze(resolved, cache_dir, seq_lens, plot, not args.json, say)
+        print(json.dumps(report, indent=1) if args.json else analyze_mod.format_table(report))
+        return 0
+    except DataConfigError as err:
+        flag = "--" + err.field.replace("_", "-")
+        print(f"precook: error: {flag} (data.{err.field}): {err.problem}", file=sys.stderr)
+        return 2
+    except PrecookError as err:
+        print(f"precook: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""Durable writes: every file fsynced, its size and sha256 returned for the manifest.
+
+Precook writes a whole dataset into a temporary directory and publishes it with one rename
+(cache.py), so single files need no rename of their own there; `write_json_atomic` is for
+files written in place (a plot, a results table).
+"""
+
+import hashlib
+import io
+import json
+import os
+
+import numpy as np
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_bytes(path: str, data) -> dict:
+    """Write `data` (bytes-like) durably; return {"bytes", "sha256"}."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": len(memoryview(data).cast("B")), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def write_npy(path: str, array: np.ndarray) -> dict:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return write_bytes(path, buf.getbuffer())
+
+
+def json_bytes(obj) -> bytes:
+    """Stable JSON (sorted keys, fixed indent): equal content gives equal bytes."""
+    return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+
+def write_atomic(path: str, data: bytes) -> None:
+    """Replace `path` with `data`: readers see the old file or the new one, never a part."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        write_bytes(tmp, data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def write_json_atomic(path: str, obj) -> None:
+    write_atomic(path, json_bytes(obj))

