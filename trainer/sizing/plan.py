@@ -74,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--global-batch", type=int, help="sequences per optimizer step (default: ~1M tokens)"
     )
     h = p.add_argument_group("hardware")
-    h.add_argument("--gpu", default="H100-SXM", help="accelerator: a table name or 'cpu'")
+    h.add_argument(
+        "--gpu",
+        default="H100-SXM",
+        help=f"accelerator: {', '.join(ACCELERATORS)}, a device name such as 'NVIDIA H200', "
+        "or cpu (this machine, measured) (H100-SXM)",
+    )
     h.add_argument("--gpus", type=int, default=8, help="how many (data parallel) (8)")
     h.add_argument("--mfu", type=float, default=0.4, help="assumed MFU, a fraction (0.4)")
     h.add_argument("--peak-tflops", type=float, help="peak for an accelerator not in the table")
@@ -184,7 +189,7 @@ def make_plan(a) -> dict:
     }
 
     fpt = flops.flops_per_token(n, L, H, Q, T)
-    attn = 12.0 * L * H * Q * T
+    attn = flops.flops_per_token(0, L, H, Q, T)  # the attention term alone
     compute = {
         "tokens": q(tokens, "tokens", tokens_basis),
         "flops_per_token": q(fpt, "FLOP", "6·N + 12·L·H·Q·T (PaLM app. B; forward + backward)"),
