@@ -9,6 +9,7 @@ The elementwise ops and the loss go through `ops`: the `kernels` package (fused 
 it runs, else `kernels.reference` (plain PyTorch, same signatures).
 """
 
+import functools
 import inspect
 import math
 from typing import NamedTuple
@@ -35,15 +36,15 @@ class Layout(NamedTuple):
     max_len: int = 0  # longest segment, for the variable-length kernel
 
 
-def _varlen_attn():
+@functools.cache
+def varlen_attn():
+    """torch's variable-length flash attention, or None (torch < 2.9). Imported on first use:
+    the import pulls in torch._dynamo, seconds of start-up a CPU run does not need."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
     return varlen_attn
-
-
-VARLEN_ATTN = _varlen_attn()
 
 
 def attention_layout(document_ids: torch.Tensor, device, dtype) -> Layout:
@@ -55,7 +56,7 @@ def attention_layout(document_ids: torch.Tensor, device, dtype) -> Layout:
     if bool((doc == doc[:, :1]).all()) and bool((doc[:, 0] >= 0).all()):
         return Layout()  # one document per row: the causal fast path
     device = torch.device(device)
-    if VARLEN_ATTN is not None and device.type == "cuda" and dtype != torch.float32:
+    if device.type == "cuda" and dtype != torch.float32 and varlen_attn() is not None:
         flat = doc.reshape(-1)
         starts = torch.ones_like(flat, dtype=torch.bool)
         starts[1:] = flat[1:] != flat[:-1]
@@ -151,14 +152,14 @@ class Attention(nn.Module):
 
 def _varlen(q, k, v, layout: Layout):
     B, S, H, D = q.shape
-    params = inspect.signature(VARLEN_ATTN).parameters
+    params = inspect.signature(varlen_attn()).parameters
     causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
     if k.shape[2] != H and "enable_gqa" not in params:
         k, v = (t.repeat_interleave(H // t.shape[2], dim=2) for t in (k, v))
     elif k.shape[2] != H:
         causal["enable_gqa"] = True
     cu, n = layout.cu_seqlens, layout.max_len
-    out = VARLEN_ATTN(
+    out = varlen_attn()(
         q.reshape(B * S, H, D),
         k.reshape(B * S, k.shape[2], D),
         v.reshape(B * S, v.shape[2], D),

@@ -1,0 +1,122 @@
+"""One process, or many under torchrun: DDP or FSDP2 (`fully_shard`), gloo on CPU, NCCL on GPU.
+
+Every helper here also works without a process group, so the loop has one code path.
+"""
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init() -> DistEnv:
+    """Join the torchrun process group if there is one; pick this process's device."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    return DistEnv(rank, world_size, local_rank, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def active() -> bool:
+    return dist.is_initialized() and dist.get_world_size() > 1
+
+
+def wrap(model: torch.nn.Module, parallelism: str, env: DistEnv, param_dtype: torch.dtype):
+    """The model, replicated (DDP) or sharded (FSDP) across the process group.
+
+    FSDP shards each block and then the root (embeddings, final norm, head), so a block's
+    parameters are gathered just before it runs and freed right after.
+    """
+    if not active() or parallelism == "SINGLE":
+        return model
+    if parallelism == "DDP":
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [env.local_rank] if env.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    for block in model.layers:
+        fully_shard(block, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The Transformer inside a DDP wrapper (FSDP2 shards in place, so there is none)."""
+    return getattr(model, "module", model)
+
+
+@contextlib.contextmanager
+def gradient_sync(model: torch.nn.Module, enabled: bool):
+    """Skip the gradient all-reduce on all but the last micro-batch of a step."""
+    if enabled or not active():
+        yield
+    elif hasattr(model, "no_sync"):  # DDP
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    if active():
+        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+    return values
+
+
+def broadcast_object(obj, src: int = 0):
+    """`obj` from rank `src` on every rank."""
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not active():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    if active():
+        dist.barrier()

@@ -1,0 +1,91 @@
+"""Two processes under torchrun (gloo on 127.0.0.1) train like one process.
+
+The loader hands global batch g to rank g % world_size, and the loss is the mean over every
+labelled token of the global batch: so 2 ranks x 1 micro-batch (DDP or FSDP2) must match
+1 process x 2 micro-batches of gradient accumulation, up to float summation order.
+"""
+
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from trainer.metrics import read_records
+from trainer.testing import (
+    final_weights,
+    run_trainer,
+    subprocess_env,
+    tiny_job,
+    train_losses,
+    write_job,
+)
+
+STEPS = 6
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(job, run_dir) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        "--nproc_per_node=2",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "-m",
+        "trainer.main",
+        "--config",
+        str(job),
+        "--run-dir",
+        str(run_dir),
+    ]
+    env = dict(subprocess_env(), GLOO_SOCKET_IFNAME="lo")
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    job = write_job(
+        root / "single.yaml", tiny_job(root / "cache", steps=STEPS, train={"grad_accum": 2})
+    )
+    result = run_trainer("--config", job, "--run-dir", root / "single")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return root
+
+
+@pytest.mark.parametrize("parallelism", ["DDP", "FSDP"])
+def test_two_processes_match_one(single, parallelism):
+    root = single
+    job = write_job(
+        root / f"{parallelism}.yaml",
+        tiny_job(root / "cache", steps=STEPS, train={"parallelism": parallelism}),
+    )
+    result = torchrun(job, root / parallelism)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert f"{parallelism} on 2 x cpu" in result.stdout
+
+    expected, got = dict(train_losses(root / "single")), dict(train_losses(root / parallelism))
+    assert sorted(got) == sorted(expected) == list(range(1, STEPS + 1))
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=1e-5), step
+    a, b = final_weights(root / "single"), final_weights(root / parallelism)
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
+    # Tokens/s and tokens counted across both ranks.
+    records = [r for r in read_records(root / parallelism) if r["phase"] == "train"]
+    single_records = [r for r in read_records(root / "single") if r["phase"] == "train"]
+    assert records[-1]["tokens_total"] == single_records[-1]["tokens_total"]
+
+
+def test_gradient_noise_scale_is_measured_with_accumulation(single):
+    records = [r for r in read_records(single / "single") if r["phase"] == "train"]
+    assert all(r["gradient_noise_scale"] != 0 for r in records[1:])

@@ -1,0 +1,123 @@
+"""Held-out loss and perplexity, and a multiple-choice accuracy built offline from held-out text.
+
+The multiple-choice task needs no download: from documents of the eval split, each question
+is the first CONTEXT tokens of a document and CHOICES candidate continuations of CONTEXT
+tokens: the document's own, and the same span of other held-out documents. The model picks the
+candidate with the highest log-likelihood. Chance is 1/CHOICES; a model that learned
+something about the text does better.
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from trainer import distributed
+from trainer.model import attention_layout
+
+CONTEXT = 32
+CHOICES = 4
+
+
+class HeldoutLoss(NamedTuple):
+    loss: float  # mean cross entropy per labelled token, nats
+    perplexity: float
+    tokens: int  # labelled tokens it was measured on
+
+
+def _eval_loader(dataset_path, cfg, env):
+    """The eval split's loader, or None when the split has no rows."""
+    from trainer.data.loader import PackedRowLoader
+
+    try:
+        return PackedRowLoader(
+            str(dataset_path),
+            split="eval",
+            batch_size=cfg.train.micro_batch,
+            seed=cfg.train.seed,
+            rank=env.rank,
+            world_size=env.world_size,
+        )
+    except ValueError:  # no rows: eval_fraction 0, or too few documents
+        return None
+
+
+def _autocast(device, dtype):
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
+
+@torch.no_grad()
+def heldout_loss(model, dataset_path, cfg, env, dtype) -> HeldoutLoss | None:
+    """Mean loss over the first `train.eval_batches` batches of the eval split (every rank
+    takes its own share); None when the split is empty."""
+    loader = _eval_loader(dataset_path, cfg, env)
+    if loader is None:
+        return None
+    # Every rank must run the same number of forwards (FSDP gathers weights collectively).
+    n = min(distributed.gather_objects(min(len(loader), cfg.train.eval_batches)))
+    if n == 0:
+        return None
+    was_training = model.training
+    model.eval()
+    totals = torch.zeros(2, dtype=torch.float64, device=env.device)
+    batches = iter(loader)
+    for _ in range(n):
+        b = next(batches)
+        layout = attention_layout(b["document_ids"], env.device, dtype)
+        b = {k: v.to(env.device) for k, v in b.items()}
+        with _autocast(env.device, dtype):
+            totals[0] += model(b["input_ids"], b["position_ids"], layout, b["labels"]).double()
+        totals[1] += (b["labels"] != -100).sum()
+    model.train(was_training)
+    loss_sum, tokens = distributed.all_reduce_sum(totals).tolist()
+    if tokens == 0:
+        return None
+    loss = loss_sum / tokens
+    return HeldoutLoss(loss, math.exp(min(loss, 700.0)), int(tokens))
+
+
+def _documents(loader, batches: int, min_len: int) -> list[torch.Tensor]:
+    """Token runs of whole documents (at least `min_len` long) from the first batches."""
+    docs = []
+    it = iter(loader)
+    for _ in range(batches):
+        b = next(it)
+        for ids, doc, pos in zip(b["input_ids"], b["document_ids"], b["position_ids"], strict=True):
+            for d in doc.unique().tolist():
+                where = (doc == d).nonzero().flatten()
+                # Only documents that start in this row (position 0): their true beginning.
+                if d >= 0 and len(where) >= min_len and int(pos[where[0]]) == 0:
+                    docs.append(ids[where])
+    return docs
+
+
+@torch.no_grad()
+def choice_accuracy(model, dataset_path, cfg, env, dtype, questions: int = 64):
+    """(accuracy, questions asked) of the continuation-choice task; (nan, 0) if the eval
+    split has too few long documents."""
+    loader = _eval_loader(dataset_path, cfg, env)
+    if loader is None:
+        return math.nan, 0
+    docs = _documents(loader, min(len(loader), 4 * cfg.train.eval_batches), 2 * CONTEXT)
+    if len(docs) < CHOICES:
+        return math.nan, 0
+    was_training = model.training
+    model.eval()
+    g = torch.Generator().manual_seed(cfg.train.seed)
+    correct = asked = 0
+    positions = torch.arange(2 * CONTEXT, device=env.device).expand(CHOICES, -1)
+    for i in range(min(questions, len(docs))):
+        others = [j for j in torch.randperm(len(docs), generator=g).tolist() if j != i]
+        candidates = [docs[i][CONTEXT : 2 * CONTEXT]]
+        candidates += [docs[j][CONTEXT : 2 * CONTEXT] for j in others[: CHOICES - 1]]
+        context = docs[i][:CONTEXT].expand(CHOICES, -1)
+        ids = torch.cat([context, torch.stack(candidates)], dim=1).to(env.device)
+        with _autocast(env.device, dtype):
+            logits = model(ids, positions)
+        logp = F.log_softmax(logits[:, CONTEXT - 1 : -1].float(), dim=-1)
+        score = logp.gather(-1, ids[:, CONTEXT:, None]).sum(dim=(1, 2))
+        correct += int(score.argmax()) == 0
+        asked += 1
+    model.train(was_training)
+    return correct / asked, asked

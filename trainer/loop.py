@@ -1,0 +1,373 @@
+"""The training loop: pretrain and SFT on packed rows, one code path for 1 or N processes.
+
+A step: read `grad_accum` micro-batches, agree across ranks on how many tokens carry a label
+(the loss is the mean over every labelled token of the global batch, however they are split
+into micro-batches and ranks), forward and backward each micro-batch (gradients all-reduced on
+the last), clip, let the loss guard veto the update, step the optimizer and the schedule.
+"""
+
+import math
+import signal
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+from trainer import checkpoint, distributed, evaluate
+from trainer.config import enum_name, train_dtype
+from trainer.grad_noise import GradientNoiseScale
+from trainer.loss_guard import OK, ROLLBACK, LossGuard
+from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_start_time
+from trainer.model import Transformer, attention_layout, select_ops
+from trainer.optim import build_optimizer, build_scheduler
+from trainer.sizing import flops
+
+PREEMPTED = "preempted"
+DONE = "done"
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss diverged with no checkpoint to roll back to)."""
+
+
+def seed_everything(seed: int) -> None:
+    torch.manual_seed(seed)  # also seeds every CUDA device
+
+
+def rng_state(device) -> dict:
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def build_model(cfg, vocab_size: int, device, recompute: str = "NONE") -> Transformer:
+    """The Transformer of a resolved config, initialized from `train.seed`, on `device`."""
+    seed_everything(cfg.train.seed)
+    ops = select_ops(cfg.model.use_kernels, device)
+    return Transformer(cfg.model, vocab_size, ops=ops, recompute=recompute).to(device)
+
+
+class Trainer:
+    def __init__(self, cfg, kind, run_dir, env, dataset_path, vocab_size, *, log):
+        from trainer.data.loader import PackedRowLoader
+
+        self.cfg, self.kind, self.env, self.log = cfg, kind, env, log
+        self.run_dir, self.dataset_path = Path(run_dir), str(dataset_path)
+        self.device, self.dtype = env.device, train_dtype(cfg, env.device)
+        t = cfg.train
+        self.parallelism = enum_name(t, "parallelism")
+        if env.world_size == 1:
+            self.parallelism = "SINGLE"
+        self.vocab_size = vocab_size
+        model = build_model(cfg, vocab_size, self.device, enum_name(t, "recompute"))
+        self.flops_per_token = flops.flops_per_token(
+            model.matmul_params(),
+            cfg.model.n_layers,
+            cfg.model.n_heads,
+            cfg.model.dim // cfg.model.n_heads,
+            cfg.data.seq_len,
+        )
+        if t.compile:
+            for block in model.layers:
+                block.compile()
+        self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
+        self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.steps)
+        self.loader = PackedRowLoader(
+            self.dataset_path,
+            split="train",
+            batch_size=t.micro_batch,
+            seed=t.seed,
+            rank=env.rank,
+            world_size=env.world_size,
+        )
+        self.batches = iter(self.loader)
+        self.checkpointer = checkpoint.Checkpointer(
+            self.run_dir / "checkpoints", cfg.checkpoint.keep_last, env.is_main
+        )
+        self.guard = LossGuard(t.spike_factor, t.max_bad_steps)
+        self.noise = GradientNoiseScale()
+        self.goodput = Goodput(process_start_time())
+        self.metrics = MetricsLogger(
+            self.run_dir,
+            is_main=env.is_main,
+            model_flops_per_token=self.flops_per_token,
+            peak=flops.peak_flops_per_second(self.device, self.dtype),
+            world_size=env.world_size,
+            log=log,
+        )
+        self.step, self.tokens_total = 0, 0
+        self.restore_s = 0.0  # spent restoring in this process (not start-up)
+        self.stop_requested = lambda: False  # replaced by main: SIGTERM or the launcher
+        ops = "Triton kernels" if model.ops.__name__ == "kernels" else "PyTorch reference ops"
+        log(
+            f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters "
+            f"({model.matmul_params() / 1e6:.2f} M in matmuls), {ops}, {self.dtype}, "
+            f"{self.parallelism} on {env.world_size} x {self.device.type}, "
+            f"{self.flops_per_token / 1e6:.1f} MFLOP/token, "
+            f"peak {self.metrics.peak / 1e12:.3g} TFLOP/s ({self.metrics.basis})"
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def train_state(self) -> dict:
+        return {
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(self.device),
+            "guard": self.guard.state_dict(),
+            "noise": self.noise.state_dict(),
+            "goodput": self.goodput.state_dict(),
+            "tokens_total": self.tokens_total,
+        }
+
+    def save(self) -> Path:
+        from google.protobuf import json_format
+
+        start = time.perf_counter()
+        meta = {
+            "kind": self.kind,
+            "model": json_format.MessageToDict(self.cfg.model, preserving_proto_field_name=True),
+            "vocab_size": self.vocab_size,
+            "dataset": self.dataset_path,
+            "world_size": self.env.world_size,
+            "loader": self.loader.state_dict(),
+        }
+        path = self.checkpointer.save(
+            self.step, self.model, self.optimizer, self.train_state(), meta
+        )
+        self.goodput.add("checkpoint_save", time.perf_counter() - start)
+        self.goodput.checkpointed()
+        return path
+
+    def restore(self, path: Path, meta: dict, *, rollback: bool = False) -> None:
+        """Load checkpoint `path`. A resume also restores the data position and RNG; a
+        rollback keeps the loader where it is, so the batches that caused it are skipped."""
+        start = time.perf_counter()
+        if meta["world_size"] != self.env.world_size:
+            raise TrainingError(
+                f"{path}: written by {meta['world_size']} processes, resuming with "
+                f"{self.env.world_size}; the data order cannot continue exactly"
+            )
+        state = checkpoint.load(path, self.model, self.optimizer, self.env.rank)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = meta["step"]
+        if rollback:
+            counters = self.guard.skipped, self.guard.rollbacks
+            self.guard.load_state_dict(state["guard"])
+            self.guard.skipped, self.guard.rollbacks = counters
+            self.goodput.rolled_back()
+        else:
+            self.loader.load_state_dict(meta["loader"][self.env.rank])
+            self.batches = iter(self.loader)
+            set_rng_state(state["rng"], self.device)
+            self.guard.load_state_dict(state["guard"])
+            self.noise.load_state_dict(state["noise"])
+            self.goodput.resume(state["goodput"])
+            self.tokens_total = state["tokens_total"]
+        self.restore_s += time.perf_counter() - start
+        self.goodput.add("checkpoint_restore", time.perf_counter() - start)
+
+    def resume_or_init(self) -> None:
+        """Continue from the newest valid checkpoint of this run, else (SFT) start from
+        `checkpoint.path`, else from the seeded initialization."""
+        if self.cfg.checkpoint.resume:
+            found = self.checkpointer.find(warn=self.log)
+            if found:
+                self.restore(*found)
+                self.log(f"resumed from {found[0]} (step {self.step})")
+                return
+        if self.kind == "SFT" and self.cfg.checkpoint.path:
+            path = Path(self.cfg.checkpoint.path)
+            meta = checkpoint.verify(path, files=("model.pt",))
+            if meta["vocab_size"] != self.vocab_size:
+                raise TrainingError(
+                    f"trainer.checkpoint.path: {path} has a {meta['vocab_size']}-token "
+                    f"vocabulary, the SFT data {self.vocab_size}: precook it with "
+                    f"tokenizer: BPE_FILE and the pretraining dataset's tokenizer"
+                )
+            state = torch.load(path / "model.pt", map_location="cpu", mmap=True)
+            checkpoint.load_model_state(self.model, state)
+            self.log(f"fine-tuning from {path} (step {meta['step']})")
+
+    # ------------------------------------------------------------------ one step
+
+    def _micro_batches(self) -> list[dict]:
+        return [next(self.batches) for _ in range(self.cfg.train.grad_accum)]
+
+    def _grad_sq_norm(self) -> float:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return float(sum(n.double() ** 2 for n in torch._foreach_norm(grads)))
+
+    def train_step(self, batches: list[dict], n_tokens: float) -> tuple[float, float]:
+        """Forward/backward every micro-batch, then clip; returns (mean loss, grad norm).
+        `n_tokens`: labelled tokens in the global batch (all micro-batches, all ranks)."""
+        accum, world = len(batches), self.env.world_size
+        autocast = torch.autocast(
+            self.device.type,
+            dtype=self.dtype,
+            enabled=self.dtype != torch.float32 and self.parallelism != "FSDP",
+        )
+        # Per-micro-batch gradient norms feed the noise scale; FSDP keeps unsynced gradients
+        # out of reach, and one micro-batch on one rank has no smaller batch to compare with.
+        measure_noise = accum > 1 and self.parallelism != "FSDP"
+        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        small = torch.zeros(2, device=self.device, dtype=torch.float64)
+        for k, b in enumerate(batches):
+            layout = attention_layout(b["document_ids"], self.device, self.dtype)
+            b = {key: v.to(self.device, non_blocking=True) for key, v in b.items()}
+            with distributed.gradient_sync(self.model, k == accum - 1), autocast:
+                loss = self.model(b["input_ids"], b["position_ids"], layout, b["labels"])
+            (loss * (world / n_tokens)).backward()
+            loss_sum += loss.detach()
+            if k == 0 and measure_noise:
+                n_small = float((b["labels"] != -100).sum())
+                # The accumulated gradient is sum-loss * world / n_tokens: rescale to a mean.
+                scale = n_tokens / (world * max(n_small, 1.0))
+                small[0] = self._grad_sq_norm() * scale**2
+                small[1] = n_small
+        totals = distributed.all_reduce_sum(torch.cat([loss_sum.view(1), small]))
+        clip = self.cfg.optim.grad_clip or math.inf
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
+            grad_norm = grad_norm.full_tensor()
+        grad_norm = float(grad_norm)
+        if measure_noise:
+            self.noise.update(
+                float(totals[1]) / world, float(totals[2]) / world, grad_norm**2, n_tokens
+            )
+        return float(totals[0]) / n_tokens, grad_norm
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> str:
+        """Train to `train.steps`; DONE, or PREEMPTED after saving a checkpoint."""
+        t, every = self.cfg.train, self.cfg.checkpoint.every_steps
+        self.goodput.add("startup", time.time() - self.goodput.started - self.restore_s)
+        self.metrics.identity["total_steps"] = t.steps
+        first_step = self.step
+        while self.step < t.steps:
+            start = time.perf_counter()
+            batches = self._micro_batches()
+            data_s = time.perf_counter() - start
+            labelled = sum(int((b["labels"] != -100).sum()) for b in batches)
+            padding = sum(int((b["document_ids"] < 0).sum()) for b in batches)
+            local = [labelled, padding, int(self.stop_requested())]
+            agreed = distributed.all_reduce_sum(
+                torch.tensor(local, dtype=torch.float64, device=self.device)
+            ).tolist()
+            if agreed[2] > 0:
+                path = self.save()
+                self.log(f"stop requested: saved {path} at step {self.step}; exiting")
+                return PREEMPTED
+            n_tokens = max(float(agreed[0]), 1.0)
+            loss, grad_norm = self.train_step(batches, n_tokens)
+            verdict = self.guard.check(loss)
+            if verdict == OK:
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            lr = self.scheduler.get_last_lr()[0]
+            with warnings.catch_warnings():
+                # A skipped update still advances the schedule; torch warns about the order.
+                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler")
+                self.scheduler.step()
+            self.step += 1
+            step_s = time.perf_counter() - start
+            self.goodput.add("data", data_s)
+            self.goodput.add("productive" if verdict == OK else "lost", step_s - data_s)
+            positions = sum(b["document_ids"].numel() for b in batches) * self.env.world_size
+            padding = int(agreed[1])
+            self.tokens_total += positions - padding
+            self.metrics.step(
+                tokens=positions - padding,
+                positions=positions,
+                padding=padding,
+                loss=loss if verdict == OK else None,
+                step_time=step_s,
+                data_time=data_s,
+            )
+            if verdict != OK:
+                self.log(f"step {self.step}: loss {loss:.4g} rejected by the loss guard")
+            if verdict == ROLLBACK:
+                self._rollback()
+                continue
+            if self.step % t.log_every == 0 or self.step == t.steps:
+                self._log_step(grad_norm, lr)
+            if every and self.step % every == 0 and self.step < t.steps:
+                self.save()
+            if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps:
+                self.evaluate()
+        if self.step > first_step:
+            self.log(f"saved {self.save()}")
+        self.evaluate()
+        return DONE
+
+    def _rollback(self) -> None:
+        found = self.checkpointer.find(warn=self.log)
+        if not found:
+            raise TrainingError(
+                f"loss guard: {self.cfg.train.max_bad_steps} bad steps in a row at step "
+                f"{self.step} and no checkpoint to roll back to (see trainer.train.spike_factor)"
+            )
+        bad_step = self.step
+        self.restore(*found, rollback=True)
+        message = f"rolled back from step {bad_step} to {found[0].name}"
+        self.log(message)
+        self.metrics.write(self._progress(phase="train", message=message))
+
+    def _progress(self, **fields):
+        from protos import progress_pb2
+
+        return progress_pb2.Progress(
+            step=self.step, **self.metrics.identity, **self._counters(), **fields
+        )
+
+    def _counters(self) -> dict:
+        return {
+            "skipped_steps": self.guard.skipped,
+            "rollbacks": self.guard.rollbacks,
+            "tokens_total": self.tokens_total,
+            "goodput": self.goodput.fraction(),
+        }
+
+    def _log_step(self, grad_norm: float, lr: float) -> None:
+        p = self.metrics.emit(
+            step=self.step,
+            grad_norm=grad_norm,
+            lr=lr,
+            peak_memory_bytes=peak_memory_bytes(self.device),
+            gradient_noise_scale=self.noise.value,
+            **self._counters(),
+        )
+        self.log(self.metrics.human_line(p))
+
+    def evaluate(self) -> float:
+        start = time.perf_counter()
+        result = evaluate.heldout_loss(
+            self.model, self.dataset_path, self.cfg, self.env, self.dtype
+        )
+        self.goodput.add("eval", time.perf_counter() - start)
+        if result is None:
+            self.log("eval: the held-out split is empty; no eval loss")
+            return math.nan
+        message = (
+            f"eval at step {self.step}: loss {result.loss:.4f}, perplexity "
+            f"{result.perplexity:,.2f} over {result.tokens:,} held-out tokens"
+        )
+        self.log(message)
+        self.metrics.write(self._progress(phase="eval", eval_loss=result.loss, message=message))
+        return result.loss
+
+
+def install_sigterm_handler() -> callable:
+    """SIGTERM (a preemption) sets a flag the loop checks between steps; returns the check."""
+    received = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    return lambda: bool(received)

@@ -1,0 +1,65 @@
+import json
+
+import pytest
+
+from trainer.metrics import Goodput, MetricsLogger, read_records
+from trainer.plots import loss_curves, plot_loss
+
+
+def test_goodput_splits_wall_time_and_survives_restarts_and_rollbacks():
+    g = Goodput(started=1000.0)
+    g.add("startup", 5.0)
+    g.add("productive", 30.0)
+    g.add("data", 1.0)
+    g.checkpointed()
+    g.add("productive", 4.0)
+    g.rolled_back()  # the 4 s since the checkpoint are redone: lost, not productive
+    assert g.seconds["productive"] == 30.0 and g.seconds["lost"] == 4.0
+    state = dict(g.state_dict(), wall=50.0, saved_at=2000.0)
+
+    # A new attempt starts 12 s after that checkpoint was saved: those 12 s are lost too.
+    resumed = Goodput(started=2012.0)
+    resumed.resume(state)
+    assert resumed.seconds["lost"] == 16.0 and resumed.seconds["startup"] == 5.0
+    assert resumed.earlier_wall == 62.0
+    assert resumed.wall() >= 62.0
+    assert 0 < resumed.fraction() <= 30.0 / 62.0
+    assert "badput: startup 5.0 s" in resumed.summary()
+
+
+def test_a_record_averages_the_steps_since_the_last_and_has_every_field(tmp_path):
+    m = MetricsLogger(
+        tmp_path,
+        is_main=True,
+        model_flops_per_token=1e6,
+        peak=(1e12, "measured"),
+        world_size=2,
+        log=print,
+    )
+    m.identity.update(job_id="j", attempt=1, total_steps=10)
+    m.step(tokens=900, positions=1000, padding=100, loss=2.0, step_time=0.5, data_time=0.1)
+    m.step(tokens=900, positions=1000, padding=100, loss=None, step_time=0.5, data_time=0.1)
+    p = m.emit(step=2, grad_norm=1.5, lr=1e-3)
+    assert p.loss == 2.0  # the skipped step (None) does not count
+    assert p.tokens_per_second == pytest.approx(1800.0)
+    assert p.step_time_seconds == pytest.approx(0.5) and p.data_time_seconds == pytest.approx(0.1)
+    # Per device: 900 tokens/s x 1e6 FLOPs = 0.9 GFLOP/s of a 1 TFLOP/s peak.
+    assert p.mfu == pytest.approx(9e-4) and p.tflops == pytest.approx(9e-4)
+    assert p.mfu_basis == "measured" and p.padding_fraction == pytest.approx(0.1)
+    (record,) = read_records(tmp_path)
+    assert record["job_id"] == "j" and record["step"] == "2" and record["eval_loss"] == 0.0
+    assert "MFU 0.1% (measured)" in m.human_line(p)
+
+
+def test_loss_curves_keep_the_last_value_of_a_redone_step(tmp_path):
+    lines = [
+        {"phase": "train", "step": "1", "loss": 5.0, "tokens_per_second": 1.0},
+        {"phase": "train", "step": "2", "loss": 4.0, "tokens_per_second": 1.0},
+        {"phase": "train", "step": "2", "loss": 0.0, "tokens_per_second": 0.0},  # an event
+        {"phase": "train", "step": "2", "loss": 3.5, "tokens_per_second": 1.0},  # redone
+        {"phase": "eval", "step": "2", "eval_loss": 3.9},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + "{cut")
+    train, heldout = loss_curves(read_records(tmp_path))
+    assert train == {1: 5.0, 2: 3.5} and heldout == {2: 3.9}
+    assert plot_loss(tmp_path).read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,50 @@
+"""loss.png: the train and eval loss curves of a run, from its metrics.jsonl."""
+
+import os
+from pathlib import Path
+
+from trainer.metrics import read_records
+
+
+def loss_curves(records: list[dict]) -> tuple[dict, dict]:
+    """{step: loss} for train and for eval. A step logged twice (redone after a restart or a
+    rollback) keeps its latest value: the curve the final weights actually followed."""
+    train, heldout = {}, {}
+    for r in records:
+        step = int(r.get("step", 0))
+        if r.get("phase") == "train" and r.get("tokens_per_second"):
+            train[step] = float(r["loss"])
+        elif r.get("phase") == "eval":
+            heldout[step] = float(r["eval_loss"])
+    return dict(sorted(train.items())), dict(sorted(heldout.items()))
+
+
+def plot_loss(run_dir) -> Path | None:
+    """Write `<run_dir>/loss.png` (atomically); None when there is nothing to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    train, heldout = loss_curves(read_records(run_dir))
+    if not train and not heldout:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    if train:
+        ax.plot(list(train), list(train.values()), label="train", color="tab:blue")
+    if heldout:
+        ax.plot(list(heldout), list(heldout.values()), "o-", label="eval", color="tab:orange")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title(f"loss: {Path(run_dir).resolve().name}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    path = Path(run_dir) / "loss.png"
+    tmp = path.with_name(f".loss.png.{os.getpid()}.tmp")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path

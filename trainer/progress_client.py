@@ -1,0 +1,84 @@
+"""Streams Progress to the launcher over `Launcher.ReportProgress`, best effort.
+
+A background thread owns the stream. When the launcher is down, records wait in a small
+queue (the oldest dropped first) and the thread reconnects with backoff: training never
+waits on it and never dies of it. When the launcher answers `stop`, `stop_requested` is set
+and the loop checkpoints and exits as if preempted.
+"""
+
+import queue
+import threading
+import time
+
+QUEUE_SIZE = 256
+_CLOSE = object()
+
+
+class ProgressClient:
+    def __init__(self, address: str, log=print):
+        self.address = address
+        self.log = log
+        self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_SIZE)
+        self.stop_requested = threading.Event()
+        self.closed = threading.Event()
+        self.dropped = 0
+        self.thread = threading.Thread(target=self._run, name="progress-stream", daemon=True)
+        self.thread.start()
+
+    def send(self, progress) -> None:
+        """Queue one Progress; never blocks."""
+        while True:
+            try:
+                self.queue.put_nowait(progress)
+                return
+            except queue.Full:
+                try:
+                    self.queue.get_nowait()
+                    self.dropped += 1
+                except queue.Empty:
+                    pass
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Flush what is queued (waiting at most `timeout` seconds) and end the stream."""
+        self.closed.set()
+        self.send(_CLOSE)
+        self.thread.join(timeout)
+
+    def _requests(self, first):
+        if first is not None:
+            yield first
+        while True:
+            item = self.queue.get()
+            if item is _CLOSE:
+                return
+            self.pending = item
+            yield item
+            self.pending = None
+
+    def _run(self) -> None:
+        import grpc
+
+        from protos import launcher_pb2_grpc
+
+        backoff, warned = 0.5, False
+        self.pending = None
+        while not self.closed.is_set() or not self.queue.empty():
+            try:
+                with grpc.insecure_channel(self.address) as channel:
+                    stub = launcher_pb2_grpc.LauncherStub(channel)
+                    response = stub.ReportProgress(self._requests(self.pending))
+                if response.stop:
+                    self.log("launcher asked this job to stop: checkpointing")
+                    self.stop_requested.set()
+                    return
+                backoff = 0.5  # the launcher ended the stream: open a new one
+            except grpc.RpcError as e:
+                if self.closed.is_set():
+                    return
+                if not warned:
+                    self.log(
+                        f"progress stream to {self.address} failed ({e.code().name}); retrying"
+                    )
+                    warned = True
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)

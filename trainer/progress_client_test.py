@@ -1,0 +1,87 @@
+"""Progress streams to a real gRPC server on 127.0.0.1; the launcher's `stop` preempts the run;
+a launcher that is down costs the run nothing."""
+
+import socket
+import threading
+from concurrent import futures
+
+import grpc
+import pytest
+import torch
+
+from protos import launcher_pb2, launcher_pb2_grpc
+from trainer import main
+from trainer.testing import tiny_job, write_job
+
+torch.set_num_threads(1)
+
+
+class Launcher(launcher_pb2_grpc.LauncherServicer):
+    """Collects Progress; answers stop=True after `stop_after` train records (0: never)."""
+
+    def __init__(self, stop_after: int = 0):
+        self.received, self.stop_after = [], stop_after
+        self.lock = threading.Lock()
+
+    def ReportProgress(self, request_iterator, context):
+        for progress in request_iterator:
+            with self.lock:
+                self.received.append(progress)
+                trains = sum(p.phase == "train" for p in self.received)
+            if self.stop_after and trains >= self.stop_after:
+                return launcher_pb2.ReportProgressResponse(stop=True)
+        return launcher_pb2.ReportProgressResponse(stop=False)
+
+
+@pytest.fixture
+def launcher():
+    servers = []
+
+    def start(stop_after=0):
+        servicer = Launcher(stop_after)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        launcher_pb2_grpc.add_LauncherServicer_to_server(servicer, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        server.start()
+        servers.append(server)
+        return servicer, f"127.0.0.1:{port}"
+
+    yield start
+    for server in servers:
+        server.stop(grace=None)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def run(tmp_path, cache, address, steps, **sections):
+    job = write_job(tmp_path / "job.yaml", tiny_job(cache, steps=steps, **sections))
+    args = ["--config", str(job), "--run-dir", str(tmp_path / "run"), "--launcher", address]
+    return main.main(args + ["--job-id", "job-7", "--attempt", "2"])
+
+
+def test_progress_reaches_the_launcher_with_the_job_identity(tmp_path, cache, launcher):
+    servicer, address = launcher()
+    assert run(tmp_path, cache, address, steps=4) == main.EXIT_OK
+    train = [p for p in servicer.received if p.phase == "train" and p.tokens_per_second]
+    assert [p.step for p in train] == [1, 2, 3, 4]
+    assert all(p.job_id == "job-7" and p.attempt == 2 and p.total_steps == 4 for p in train)
+    assert servicer.received[-1].phase == "done"
+
+
+def test_the_launchers_stop_checkpoints_and_exits_75(tmp_path, cache, launcher):
+    servicer, address = launcher(stop_after=3)
+    no_periodic = {"every_steps": 0}
+    assert run(tmp_path, cache, address, 500, checkpoint=no_periodic) == main.EXIT_PREEMPTED
+    (saved,) = (tmp_path / "run" / "checkpoints").iterdir()  # the one written on stop
+    assert 3 <= int(saved.name.split("_")[1]) < 500
+
+
+def test_a_launcher_that_is_down_does_not_stop_training(tmp_path, cache):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    assert run(tmp_path, cache, address, steps=3) == main.EXIT_OK
+    assert "retrying" in (tmp_path / "run" / "train.log").read_text()

@@ -1,0 +1,97 @@
+"""Test helpers: a tiny job on a small real corpus, and the trainer run as a real process."""
+
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from trainer.metrics import read_records
+
+
+def stdlib_package(name: str = "email") -> str:
+    """A directory of the standard library: real Python text, a few hundred KB."""
+    return os.path.join(sysconfig.get_paths()["stdlib"], name)
+
+
+def tiny_job(cache_dir, *, kind="PRETRAIN", steps=8, **sections) -> dict:
+    """A YAML-shaped job: a 2-layer model on seq 64 rows of a stdlib package. `sections`
+    update the trainer sections, e.g. train={"grad_accum": 2}."""
+    trainer = {
+        "data": {
+            "input": stdlib_package(),
+            "vocab_size": 512,
+            "seq_len": 64,
+            "eval_fraction": 0.1,
+            "cache_dir": str(cache_dir),
+            "workers": 1,
+        },
+        "model": {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2},
+        "optim": {"lr": 3e-3, "warmup_steps": 2},
+        "train": {"steps": steps, "micro_batch": 4, "log_every": 1, "eval_every": 0},
+        "checkpoint": {"every_steps": 4},
+    }
+    for section, fields in sections.items():
+        trainer.setdefault(section, {}).update(fields)
+    return {"name": "tiny-test", "kind": kind, "trainer": trainer}
+
+
+def write_job(path, job: dict) -> Path:
+    path = Path(path)
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def subprocess_env() -> dict:
+    """This interpreter's import path, one thread per process (runs must compare bitwise)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    return env
+
+
+def train_command(*args) -> list[str]:
+    return [sys.executable, "-m", "trainer.main", *map(str, args)]
+
+
+def start_trainer(*args, log_path) -> subprocess.Popen:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            train_command(*args), env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT
+        )
+
+
+def run_trainer(*args, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        train_command(*args), env=subprocess_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def wait_for_step(run_dir, step: int, process: subprocess.Popen, timeout=60.0) -> int:
+    """Poll metrics.jsonl until a train record reaches `step`; the step seen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        steps = [int(r["step"]) for r in read_records(run_dir) if r.get("phase") == "train"]
+        if steps and max(steps) >= step:
+            return max(steps)
+        if process.poll() is not None:
+            raise AssertionError(f"trainer exited with {process.returncode} before step {step}")
+        time.sleep(0.01)
+    raise AssertionError(f"no step {step} within {timeout} s")
+
+
+def train_losses(run_dir) -> list[tuple[int, float]]:
+    """(step, loss) of every logged train step, in the order written (repeats included)."""
+    return [
+        (int(r["step"]), float(r["loss"]))
+        for r in read_records(run_dir)
+        if r.get("phase") == "train" and r.get("tokens_per_second")
+    ]
+
+
+def final_weights(run_dir) -> dict:
+    newest = sorted((Path(run_dir) / "checkpoints").glob("step_*"))[-1]
+    return torch.load(newest / "model.pt", map_location="cpu")
