@@ -21,7 +21,7 @@ from google.protobuf import json_format
 from launcher import scheduler
 from launcher.executors.attempt_wrapper import write_json_atomically
 from launcher.executors.base import Launch, Observed, Status, attempt_dir, last_line
-from protos import job_pb2
+from protos import job_pb2, progress_pb2
 
 log = logging.getLogger("kitchen.launcher")
 FINAL = (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED)
@@ -88,14 +88,22 @@ class Controller:
         return done.result(timeout)
 
     def report_progress(self, job_id: str, attempt: int, progress) -> bool:
-        """Records a trainer's report; False means the attempt is not current: stop it."""
+        """Records a trainer's report; False means the attempt is not current: stop it.
+
+        Reports merge (proto3 MergeFrom: fields left at zero keep their last value), because
+        eval and done reports carry only eval_loss, goodput and a message: the job keeps
+        its last training loss, throughput and MFU."""
         with self._lock:
             live = self._attempts.get(job_id)
             if live is None or live[0] != attempt:
                 return False
-            self._progress[job_id] = (progress, self.clock())
+            merged = progress_pb2.Progress()
+            if job_id in self._progress:
+                merged.CopyFrom(self._progress[job_id][0])
+            merged.MergeFrom(progress)
+            self._progress[job_id] = (merged, self.clock())
             self._dirty.add(job_id)
-        self.metrics.progress(live[1], progress)
+        self.metrics.progress(live[1], merged)
         self.events.publish(job_id)
         return True
 

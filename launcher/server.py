@@ -146,7 +146,7 @@ class Launcher:
 def config_from_args(args) -> launcher_pb2.LauncherConfig:
     cfg = launcher_pb2.LauncherConfig()
     if args.config:
-        load_message(args.config, cfg)
+        load_message(settings.user_path(args.config), cfg)
     for flag in ("listen", "metrics_listen", "state_dir", "tokens_file", "tls_cert", "tls_key"):
         if getattr(args, flag):
             setattr(cfg, flag, getattr(args, flag))

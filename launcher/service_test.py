@@ -30,6 +30,9 @@ def test_submit_runs_to_success_with_watch_and_logs(launcher, tmp_path):
     assert job_pb2.RUNNING in states
     done = client.get(job.id)
     assert (done.attempts, done.failures, done.progress.step) == (1, 0, 4)
+    # The summary report at the end leaves the last training numbers in place.
+    assert (done.progress.phase, done.progress.message) == ("done", "done at step 4")
+    assert done.progress.loss == 10.0 / 4 and done.progress.mfu == 0.25
     assert done.progress.total_steps == 4 and done.HasField("finished")
     logs = b"".join(c.data for c in client.logs(job.id)).decode()
     assert "===== attempt 1 =====" in logs and "done at step 4" in logs

@@ -19,6 +19,16 @@ DEFAULT_POLL_INTERVAL_SECONDS = 0.5
 WORKSPACE = "kitchen"  # Bazel workspace name: runfiles hold `kitchen/trainer/train`
 
 
+def user_path(path: str) -> str:
+    """An absolute path for one a person typed: `bazel run` changes the working directory,
+    BUILD_WORKING_DIRECTORY says where the person was."""
+    if not path:
+        return path
+    return os.path.abspath(
+        os.path.join(os.environ.get("BUILD_WORKING_DIRECTORY", ""), os.path.expanduser(path))
+    )
+
+
 def default_state_dir() -> str:
     """$KITCHEN_STATE_DIR, else .state/ in the workspace (`bazel run`) or the current dir."""
     if os.environ.get("KITCHEN_STATE_DIR"):
@@ -28,7 +38,7 @@ def default_state_dir() -> str:
 
 
 def _runfiles_dirs():
-    for var in ("RUNFILES_DIR", "PYTHON_RUNFILES"):
+    for var in ("RUNFILES_DIR", "PYTHON_RUNFILES", "TEST_SRCDIR"):
         if os.environ.get(var):
             yield os.environ[var]
     yield os.path.abspath(sys.argv[0]) + ".runfiles"
@@ -57,7 +67,9 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
     out.CopyFrom(cfg)
     out.listen = out.listen or DEFAULT_LISTEN
     out.metrics_listen = out.metrics_listen or DEFAULT_METRICS_LISTEN
-    out.state_dir = os.path.abspath(out.state_dir or default_state_dir())
+    out.state_dir = user_path(out.state_dir or default_state_dir())
+    for field in ("tokens_file", "tls_cert", "tls_key"):
+        setattr(out, field, user_path(getattr(out, field)))
     if not out.pools:
         out.pools.add(name="cpu", executor=launcher_pb2.LOCAL, nodes=1)
     names = set()
@@ -70,6 +82,7 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
         if pool.nodes < 0 or pool.gpus_per_node < 0:
             raise ConfigError(f"pools[{i}]", "nodes and gpus_per_node cannot be negative")
         pool.nodes = pool.nodes or 1
+        pool.kubernetes.kubeconfig = user_path(pool.kubernetes.kubeconfig)
         pool.executor = pool.executor or launcher_pb2.LOCAL
     out.default_pool = out.default_pool or out.pools[0].name
     if out.default_pool not in names:
@@ -80,8 +93,8 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
     if not out.trainer_cmd:
         out.trainer_cmd.extend(default_trainer_cmd())
     for i, arg in enumerate(out.trainer_cmd):  # trainers run in their run dir, not here
-        if not os.path.isabs(arg) and os.path.exists(arg):
-            out.trainer_cmd[i] = os.path.abspath(arg)
+        if not os.path.isabs(arg) and os.path.exists(user_path(arg)):
+            out.trainer_cmd[i] = user_path(arg)
     if not out.torchrun_cmd:
         out.torchrun_cmd.extend([sys.executable, "-m", "torch.distributed.run"])
     out.hang_timeout_seconds = out.hang_timeout_seconds or DEFAULT_HANG_TIMEOUT_SECONDS

@@ -23,13 +23,14 @@ from launcher import settings
 from launcher.client import Client
 from launcher.live_view import EXIT_CODES, LiveView, follow
 from launcher.server import Launcher, StateDirBusy
+from launcher.settings import user_path
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError, load_job_spec
 
-
-def _path(path: str) -> str:
-    """Paths given to `bazel run` are relative to where the user ran it."""
-    return os.path.join(os.environ.get("BUILD_WORKING_DIRECTORY", ""), path)
+# Path fields of a job, resolved here: a trainer runs in its run dir, not where you are.
+PATH_FIELDS = (
+    ("data", "input"), ("data", "tokenizer_path"), ("data", "cache_dir"), ("checkpoint", "path"),
+)  # fmt: skip
 
 
 def load_spec(path: str) -> job_pb2.JobSpec:
@@ -37,6 +38,11 @@ def load_spec(path: str) -> job_pb2.JobSpec:
     if not spec.name:
         spec.name = os.path.splitext(os.path.basename(path))[0]
     spec.owner = spec.owner or getpass.getuser()
+    for section, field in PATH_FIELDS:
+        message = getattr(spec.trainer, section)
+        value = getattr(message, field)
+        if value and not os.path.isabs(value):
+            setattr(message, field, user_path(value))
     return spec
 
 
@@ -44,7 +50,7 @@ def _embedded(args) -> Launcher:
     cfg = launcher_pb2.LauncherConfig(
         listen="127.0.0.1:0",
         metrics_listen=f"127.0.0.1:{args.metrics_port}",
-        state_dir=_path(args.state_dir) if args.state_dir else "",
+        state_dir=user_path(args.state_dir) if args.state_dir else "",
     )
     if args.trainer_cmd:
         cfg.trainer_cmd.extend(shlex.split(args.trainer_cmd))
@@ -72,7 +78,7 @@ def main(argv=None) -> int:
     )
     args = p.parse_args(argv)
     try:
-        spec = load_spec(_path(args.config))
+        spec = load_spec(user_path(args.config))
     except ConfigError as e:
         print(f"submit: {e}", file=sys.stderr)
         return 2

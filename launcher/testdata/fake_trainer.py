@@ -152,6 +152,10 @@ def main():
         reports.put(progress)
         if step % every == 0:
             checkpoint()
+    # Like the real trainer: a last report with only a summary (zeros elsewhere).
+    done = progress_pb2.Progress(job_id=args.job_id, attempt=args.attempt, phase="done", step=step)
+    done.message = f"done at step {step}"
+    reports.put(done)
     reports.put(None)
     if args.launcher:
         reporter.join(timeout=5)  # let the last reports go out
