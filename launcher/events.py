@@ -10,8 +10,12 @@ class JobEvents:
         self.closed = False
 
     def publish(self, job_id: str):
+        self.publish_many((job_id,))
+
+    def publish_many(self, job_ids):
         with self._changed:
-            self._versions[job_id] = self._versions.get(job_id, 0) + 1
+            for job_id in job_ids:
+                self._versions[job_id] = self._versions.get(job_id, 0) + 1
             self._changed.notify_all()
 
     def version(self, job_id: str) -> int:

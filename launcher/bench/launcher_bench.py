@@ -1,0 +1,312 @@
+"""How fast the launcher answers and schedules, measured on this machine in one run.
+
+    bazel run //launcher/bench:launcher_bench -- [--out launcher/bench/results.md]
+
+1. Submit-to-RUNNING on an idle pool: SubmitJob, then WatchJob until RUNNING (one job at a
+   time; the "trainer" is a Python process that sleeps, so process start is included).
+2. ListJobs with 10,000 jobs stored while 100 submissions/s arrive (goal: p99 <= 50 ms):
+   newest-100 pages, state-filtered and team-filtered pages, from 4 client threads.
+3. One scheduling pass over 10,000 pending jobs (goal: <= 50 ms): the pure `scheduler.plan`
+   and the launcher's whole pass (`Controller._schedule`: holdings, plan, waiting reasons).
+Results are medians and 99th percentiles of the samples taken here, printed as Markdown.
+"""
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+
+from launcher import scheduler, settings
+from launcher.client import Client
+from launcher.controller import Controller
+from launcher.events import JobEvents
+from launcher.metrics import LauncherMetrics
+from launcher.server import Launcher
+from launcher.store import JobStore
+from protos import job_pb2, launcher_pb2
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]  # ignores the trainer flags
+TEAMS = ["nlp", "vision", "speech", "infra"]
+SUBMITTERS = 4  # client threads sharing the submission rate
+LISTERS = 4  # people and dashboards listing jobs ...
+LIST_RATE = 40.0  # ... this many ListJobs a second in all
+
+
+def pct(samples, q):
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def ms(seconds):
+    return f"{1000 * seconds:.1f} ms"
+
+
+def spec(name, team="nlp", priority=0):
+    s = job_pb2.JobSpec(name=name, kind=job_pb2.PRETRAIN, team=team, priority=priority)
+    return s
+
+
+def config(state_dir, nodes=1):
+    cfg = launcher_pb2.LauncherConfig(
+        listen="127.0.0.1:0", metrics_listen="none", state_dir=state_dir, trainer_cmd=SLEEPER,
+        kill_grace_seconds=5,
+    )  # fmt: skip
+    cfg.pools.add(name="cpu", nodes=nodes)
+    return cfg
+
+
+def submit_to_running(tmp, n):
+    launcher = Launcher(config(os.path.join(tmp, "idle"))).start()
+    client = Client(launcher.address)
+    latencies, server_side = [], []
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            job = client.submit(spec(f"idle-{i}"))
+            for update in client.watch(job.id):
+                if update.state == job_pb2.RUNNING:
+                    latencies.append(time.perf_counter() - t0)
+                    started = update.started.ToNanoseconds() - update.created.ToNanoseconds()
+                    server_side.append(started / 1e9)
+                    break
+            client.cancel(job.id)
+            for _ in client.watch(job.id):
+                pass  # until it ends: the pool is idle again
+    finally:
+        client.close()
+        launcher.stop()
+    return latencies, server_side
+
+
+def fill_store(path, n, state, team_of=lambda i: TEAMS[i % len(TEAMS)], pool="cpu"):
+    store = JobStore(path, durable=False)
+    for i in range(n):
+        job = job_pb2.Job(spec=spec(f"old-{i}", team_of(i), priority=i % 3), state=state, pool=pool)
+        store.insert(job, on_id=lambda j: setattr(j, "run_dir", f"/nonexistent/{j.id}"))
+    store.close()
+
+
+def list_under_load(tmp, stored, rate, seconds):
+    state_dir = os.path.join(tmp, "busy")
+    os.makedirs(state_dir)
+    t0 = time.perf_counter()
+    fill_store(os.path.join(state_dir, "jobs.sqlite"), stored, job_pb2.SUCCEEDED)
+    fill_seconds = time.perf_counter() - t0
+    launcher = Launcher(config(state_dir)).start()
+    client = Client(launcher.address)
+    blocker = client.submit(spec("blocker", priority=100))  # holds the pool: arrivals queue up
+    stop = threading.Event()
+    submit_times, list_times = [], {"newest 100": [], "state=QUEUED": [], "team=vision": []}
+
+    def paced(per_second, call):
+        """Calls `call(i)` per_second times a second on its own schedule until stopped."""
+        next_at, i = time.perf_counter(), 0
+        while not stop.is_set():
+            call(i)
+            i += 1
+            next_at += 1.0 / per_second
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+
+    def submitter(k):
+        own = Client(launcher.address)
+
+        def one(i):
+            t = time.perf_counter()
+            own.submit(spec(f"new-{k}-{i}", TEAMS[i % len(TEAMS)]))
+            submit_times.append(time.perf_counter() - t)
+
+        paced(rate / SUBMITTERS, one)
+        own.close()
+
+    def lister(k):
+        own = Client(launcher.address)
+        kinds = [
+            ("newest 100", {}),
+            ("state=QUEUED", {"states": [job_pb2.QUEUED]}),
+            ("team=vision", {"team": "vision"}),
+        ]
+
+        def one(i):
+            name, filters = kinds[(i + k) % len(kinds)]
+            t = time.perf_counter()
+            own.list(page_size=100, **filters)
+            list_times[name].append(time.perf_counter() - t)
+
+        paced(LIST_RATE / LISTERS, one)
+        own.close()
+
+    threads = [threading.Thread(target=submitter, args=(k,)) for k in range(SUBMITTERS)]
+    threads += [threading.Thread(target=lister, args=(k,)) for k in range(LISTERS)]
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    passes = launcher.metrics.scheduler_pass.collect()[0].samples
+    count = next(s.value for s in passes if s.name.endswith("_count"))
+    total = next(s.value for s in passes if s.name.endswith("_sum"))
+    queued = client.list(states=[job_pb2.QUEUED], page_size=1)
+    client.cancel(blocker.id)
+    client.close()
+    launcher.stop()
+    arrived = len(submit_times) / seconds
+    return fill_seconds, submit_times, list_times, arrived, (count, total), queued
+
+
+def timed(repeats, call):
+    samples = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - t)
+    return samples
+
+
+def scheduler_passes(tmp, pending, repeats):
+    """{scenario: pass durations} for `pending` queued jobs over three pools and four teams."""
+    pools = {
+        "cpu": scheduler.Pool("cpu", 16, 0),
+        "a100": scheduler.Pool("a100", 32, 8),
+        "h100": scheduler.Pool("h100", 64, 8),
+    }
+    quotas = {"nlp": scheduler.Quota(0, 64), "vision": scheduler.Quota(8, 0)}
+    names = list(pools)
+    demands = [
+        scheduler.Demand(
+            f"j{i}", i, i % 5, names[i % 3], TEAMS[i % 4], 1 + i % 4, (0, 1, 2, 8)[i % 4]
+        )
+        for i in range(pending)
+    ]
+    # Pools held by higher-priority jobs: nothing starts, nothing is preempted.
+    full = [
+        scheduler.Holding(f"r-{p}-{n}", 99, p, "infra", ((n, tuple(range(8))),), 0.0)
+        for p in names
+        for n in range(pools[p].nodes)
+    ]
+    out = {}
+    plan = scheduler.plan
+    out["scheduler.plan, pools full (all wait)"] = timed(
+        repeats, lambda: plan(pools, quotas, demands, full, now=1.0)
+    )
+    admitted = len(plan(pools, quotas, demands, [], now=1.0).start)
+    out[f"scheduler.plan, pools empty ({admitted} admitted, the rest wait)"] = timed(
+        repeats, lambda: plan(pools, quotas, demands, [], now=1.0)
+    )
+
+    state_dir = os.path.join(tmp, "pending")
+    os.makedirs(state_dir)
+    path = os.path.join(state_dir, "jobs.sqlite")
+    fill_store(path, pending, job_pb2.QUEUED)
+    store = JobStore(path)
+    holder, _ = store.insert(job_pb2.Job(spec=spec("holder", "infra", 99), pool="cpu"))
+    holder.state, holder.handle = job_pb2.RUNNING, '{"attempt_dir": "/none", "launched_at": 0}'
+    holder.allocation.add(node=0)
+    store.update(holder)
+    controller = Controller(
+        settings.resolve(config(state_dir)), store, {}, LauncherMetrics(60), JobEvents()
+    )
+    controller.recover()
+
+    # The first pass after a start finds every waiting reason new and publishes it to
+    # watchers; later passes find them unchanged. Forgetting the reasons repeats the first.
+    def first_pass():
+        controller._waiting = {}
+        controller._schedule(time.time())
+
+    out[f"the launcher's whole pass, first after start ({pending:,} reasons published)"] = timed(
+        5, first_pass
+    )
+    out["the launcher's whole pass, steady state (pool full)"] = timed(
+        repeats, lambda: controller._schedule(time.time())
+    )
+    store.close()
+    return out
+
+
+def machine():
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    return f"{cpu}, {os.cpu_count()} CPUs, load average {load}; Python {platform.python_version()}"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", help="also write the Markdown here")
+    p.add_argument("--idle-jobs", type=int, default=30)
+    p.add_argument("--stored", type=int, default=10_000)
+    p.add_argument("--rate", type=float, default=100.0, help="submissions per second")
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--pending", type=int, default=10_000)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="kitchen-bench-") as tmp:
+        print(f"1/3 submit-to-RUNNING, {args.idle_jobs} jobs one at a time ...", flush=True)
+        idle, idle_server = submit_to_running(tmp, args.idle_jobs)
+        print(
+            f"2/3 ListJobs with {args.stored:,} stored, {args.rate:.0f} submits/s ...", flush=True
+        )
+        fill, submits, lists, arrived, (passes, pass_sum), _ = list_under_load(
+            tmp, args.stored, args.rate, args.seconds
+        )
+        print(f"3/3 scheduling passes over {args.pending:,} pending jobs ...", flush=True)
+        passes_by_kind = scheduler_passes(tmp, args.pending, repeats=50)
+
+    all_lists = [t for v in lists.values() for t in v]
+    rows = [
+        ("Submit-to-RUNNING, idle pool (client: SubmitJob until WatchJob says RUNNING)",
+         len(idle), ms(pct(idle, 50)), ms(pct(idle, 99)), ""),
+        ("  same, inside the launcher (Job.started - Job.created)",
+         len(idle_server), ms(pct(idle_server, 50)), ms(pct(idle_server, 99)), ""),
+        (f"ListJobs, all kinds, {args.stored:,} stored + {arrived:.0f} submits/s arriving",
+         len(all_lists), ms(pct(all_lists, 50)), ms(pct(all_lists, 99)), "p99 <= 50 ms"),
+    ]  # fmt: skip
+    for name, samples in lists.items():
+        rows.append(
+            (
+                f"  ListJobs {name} (page of 100)",
+                len(samples),
+                ms(pct(samples, 50)),
+                ms(pct(samples, 99)),
+                "",
+            )
+        )
+    rows += [
+        ("SubmitJob during that load (durable: fsync per job)",
+         len(submits), ms(pct(submits, 50)), ms(pct(submits, 99)), ""),
+    ]  # fmt: skip
+    for name, samples in passes_by_kind.items():
+        what = f"Scheduling pass over {args.pending:,} pending: {name}"
+        rows.append((what, len(samples), ms(pct(samples, 50)), ms(pct(samples, 99)), "<= 50 ms"))
+    lines = [
+        "# Launcher benchmark",
+        "",
+        f"Run {time.strftime('%Y-%m-%d %H:%M %Z')} on {machine()}.",
+        f"Command: `bazel run //launcher/bench:launcher_bench` (defaults). Store prefill of "
+        f"{args.stored:,} jobs took {fill:.1f} s (no fsync). The live launcher ran "
+        f"{passes:.0f} scheduling passes under load, {ms(pass_sum / max(passes, 1))} each on "
+        "average (its own `kitchen_scheduler_pass_duration_seconds`).",
+        "",
+        "| what | samples | p50 | p99 | goal |",
+        "| --- | ---: | ---: | ---: | --- |",
+        *[f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows],
+        "",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        out = settings.user_path(args.out)
+        with open(out + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(out + ".tmp", out)
+
+
+if __name__ == "__main__":
+    main()
