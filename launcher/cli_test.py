@@ -73,7 +73,10 @@ def test_live_view_tells_the_story_in_a_log_file():
     now = [0.0]
     view = LiveView(out, interactive=False, clock=lambda: now[0])
     job = job_pb2.Job(
-        id="j1", state=job_pb2.QUEUED, waiting_reason="pool cpu full (1/1 nodes in use)"
+        id="j1",
+        run_dir="/runs/j1",
+        state=job_pb2.QUEUED,
+        waiting_reason="pool cpu full (1/1 nodes in use)",
     )
     view.update(job)
     job.state, job.attempts, job.waiting_reason = job_pb2.RUNNING, 1, ""
@@ -89,6 +92,7 @@ def test_live_view_tells_the_story_in_a_log_file():
         "j1 QUEUED",
         "waiting: pool cpu full (1/1 nodes in use)",
         "j1 RUNNING",
+        "trainer output (precook, steps, errors): /runs/j1/attempts/001/output.log",
         "STATE     STEP             LOSS     THROUGHPUT    MFU     ETA",
         "RUNNING   10/100 (10%)     4.000    -             -       -",
         "checkpoint saved at step 20",

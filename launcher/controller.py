@@ -241,7 +241,12 @@ class Controller:
         for job in self._running.values():
             by_executor.setdefault(job.pool, {})[job.id] = json.loads(job.handle)
         for pool, handles in by_executor.items():
-            for job_id, seen in self.executors[pool].poll(handles).items():
+            try:
+                observed = self.executors[pool].poll(handles)
+            except Exception:  # one broken pool (squeue down, API server gone) stalls no other
+                log.exception("polling pool %s failed; trying again next time", pool)
+                continue
+            for job_id, seen in observed.items():
                 job = self._running[job_id]
                 if seen.status == Status.RUNNING and job.state == job_pb2.STARTING:
                     job.state = job_pb2.RUNNING
@@ -254,8 +259,11 @@ class Controller:
         for job_id, job in list(self._running.items()):
             if job_id in self._kill_at and now >= self._kill_at[job_id]:
                 log.warning("%s did not stop within %.0f s: SIGKILL", job_id, self._grace())
-                self.executors[job.pool].kill(json.loads(job.handle))
-                self._kill_at[job_id] = now + self._grace()
+                self._kill_at[job_id] = now + self._grace()  # and again then, if need be
+                try:
+                    self.executors[job.pool].kill(json.loads(job.handle))
+                except Exception:
+                    log.exception("%s: kill failed; trying again in %.0f s", job_id, self._grace())
             elif job.state == job_pb2.RUNNING and not job.stop:
                 timeout = job.spec.hang_timeout_seconds or self.cfg.hang_timeout_seconds
                 last = max(self._started_at[job_id], self._progress.get(job_id, (None, 0.0))[1])
@@ -276,8 +284,12 @@ class Controller:
                     self._signal_stop(job, now)
 
     def _signal_stop(self, job, now):
-        self.executors[job.pool].terminate(json.loads(job.handle))
+        """SIGTERM now (the stop reason is already stored), SIGKILL after the grace period."""
         self._kill_at[job.id] = now + self._grace()
+        try:
+            self.executors[job.pool].terminate(json.loads(job.handle))
+        except Exception:  # the kill at the deadline is the fallback
+            log.exception("%s: terminate failed; SIGKILL follows at the deadline", job.id)
 
     def _grace(self):
         return self.cfg.kill_grace_seconds

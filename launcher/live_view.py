@@ -95,6 +95,9 @@ class LiveView:
             if job.exit_reason and job.state in (job_pb2.QUEUED, job_pb2.PREEMPTED):
                 what += f": {job.exit_reason}"
             self._line(f"[{stamp}] {job.id} {what}")
+            if job.state == job_pb2.RUNNING and job.run_dir:
+                output = os.path.join(job.run_dir, "attempts", f"{job.attempts:03d}", "output.log")
+                self._line(f"[{stamp}] trainer output (precook, steps, errors): {output}")
             self._state, self._attempt = job.state, job.attempts
         if job.waiting_reason and job.waiting_reason != self._waiting:
             self._line(f"[{stamp}] waiting: {job.waiting_reason}")

@@ -37,7 +37,7 @@ from protos import launcher_pb2, launcher_pb2_grpc
 from protos.config_yaml import ConfigError, load_message
 
 log = logging.getLogger("kitchen.launcher")
-MAX_WORKERS = 64  # gRPC handler threads; each WatchJob/StreamLogs stream holds one
+MAX_WORKERS = 512  # gRPC handler threads: every progress stream, watch and followed log holds one
 
 
 class StateDirBusy(RuntimeError):
