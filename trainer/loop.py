@@ -89,7 +89,9 @@ class Trainer:
             rank=env.rank,
             world_size=env.world_size,
         )
-        self.batches = iter(self.loader)
+        # Where the next step's batches start: what a checkpoint records. A preemption noticed
+        # after this step's batches were read saves the position before them.
+        self.loader_position = self.loader.state_dict()
         self.checkpointer = checkpoint.Checkpointer(
             self.run_dir / "checkpoints", cfg.checkpoint.keep_last, env.is_main
         )
@@ -138,7 +140,7 @@ class Trainer:
             "vocab_size": self.vocab_size,
             "dataset": self.dataset_path,
             "world_size": self.env.world_size,
-            "loader": self.loader.state_dict(),
+            "loader": self.loader_position,
         }
         path = self.checkpointer.save(
             self.step, self.model, self.optimizer, self.train_state(), meta
@@ -166,12 +168,12 @@ class Trainer:
             self.goodput.rolled_back()
         else:
             self.loader.load_state_dict(meta["loader"][self.env.rank])
-            self.batches = iter(self.loader)
             set_rng_state(state["rng"], self.device)
             self.guard.load_state_dict(state["guard"])
             self.noise.load_state_dict(state["noise"])
             self.goodput.resume(state["goodput"])
             self.tokens_total = state["tokens_total"]
+        self.loader_position = self.loader.state_dict()
         self.restore_s += time.perf_counter() - start
         self.goodput.add("checkpoint_restore", time.perf_counter() - start)
 
@@ -200,7 +202,7 @@ class Trainer:
     # ------------------------------------------------------------------ one step
 
     def _micro_batches(self) -> list[dict]:
-        return [next(self.batches) for _ in range(self.cfg.train.grad_accum)]
+        return [next(self.loader) for _ in range(self.cfg.train.grad_accum)]
 
     def _grad_sq_norm(self) -> float:
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
@@ -279,6 +281,7 @@ class Trainer:
                 warnings.filterwarnings("ignore", "Detected call of `lr_scheduler")
                 self.scheduler.step()
             self.step += 1
+            self.loader_position = self.loader.state_dict()
             step_s = time.perf_counter() - start
             self.goodput.add("data", data_s)
             self.goodput.add("productive" if verdict == OK else "lost", step_s - data_s)

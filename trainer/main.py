@@ -29,6 +29,14 @@ def _user_path(path: str) -> Path:
     return Path(os.environ.get("BUILD_WORKING_DIRECTORY", "."), path).resolve()
 
 
+def resolve_paths(cfg) -> None:
+    """Make the config's relative paths absolute, from where the user ran the command."""
+    fields = [(cfg.data, "input"), (cfg.data, "tokenizer_path"), (cfg.data, "cache_dir")]
+    for msg, name in fields + [(cfg.checkpoint, "path")]:
+        if getattr(msg, name):
+            setattr(msg, name, str(_user_path(getattr(msg, name))))
+
+
 def load_spec(args):
     from google.protobuf import json_format
 
@@ -60,7 +68,7 @@ def cache_dir_for(cfg, run_dir: Path) -> Path:
     """Where precooked datasets live: data.cache_dir, $KITCHEN_STATE_DIR/precook, or beside
     the run directory (so runs of one project share them)."""
     if cfg.data.cache_dir:
-        return _user_path(cfg.data.cache_dir)
+        return Path(cfg.data.cache_dir)
     if os.environ.get("KITCHEN_STATE_DIR"):
         return Path(os.environ["KITCHEN_STATE_DIR"]) / "precook"
     return run_dir.parent / "precook"
@@ -125,7 +133,7 @@ def load_checkpoint_model(cfg, run_dir: Path, env, log):
     """(model, meta, checkpoint dir) from checkpoint.path or the newest valid one of the run."""
     from trainer import checkpoint
 
-    path = _user_path(cfg.checkpoint.path) if cfg.checkpoint.path else None
+    path = Path(cfg.checkpoint.path) if cfg.checkpoint.path else None
     if path is None:
         found = checkpoint.newest_valid(run_dir / "checkpoints", files=("model.pt",), warn=log)
         if found is None:
@@ -233,6 +241,7 @@ def _run(args) -> int:
         cfg = config.resolve(spec.trainer, kind, world_size)
     except config.ConfigError as e:
         raise BadInput(f"{args.config or args.spec}: {e}") from e
+    resolve_paths(cfg)
     run_dir = run_dir_for(args, spec)
     run_dir.mkdir(parents=True, exist_ok=True)
     env = distributed.init()

@@ -4,8 +4,13 @@ A background thread owns the stream. When the launcher is down, records wait in 
 queue (the oldest dropped first) and the thread reconnects with backoff: training never
 waits on it and never dies of it. When the launcher answers `stop`, `stop_requested` is set
 and the loop checkpoints and exits as if preempted.
+
+The launcher passes what the stream needs in the environment: KITCHEN_LAUNCHER_TOKEN (this
+attempt's bearer token, when the launcher has auth on) and KITCHEN_LAUNCHER_TLS_CA (the
+certificate to trust, when it serves TLS).
 """
 
+import os
 import queue
 import threading
 import time
@@ -55,6 +60,14 @@ class ProgressClient:
             yield item
             self.pending = None
 
+    def _channel(self, grpc):
+        ca = os.environ.get("KITCHEN_LAUNCHER_TLS_CA")
+        if not ca:
+            return grpc.insecure_channel(self.address)
+        with open(ca, "rb") as f:
+            credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+        return grpc.secure_channel(self.address, credentials)
+
     def _run(self) -> None:
         import grpc
 
@@ -62,11 +75,13 @@ class ProgressClient:
 
         backoff, warned = 0.5, False
         self.pending = None
+        token = os.environ.get("KITCHEN_LAUNCHER_TOKEN")
+        metadata = [("authorization", f"Bearer {token}")] if token else None
         while not self.closed.is_set() or not self.queue.empty():
             try:
-                with grpc.insecure_channel(self.address) as channel:
+                with self._channel(grpc) as channel:
                     stub = launcher_pb2_grpc.LauncherStub(channel)
-                    response = stub.ReportProgress(self._requests(self.pending))
+                    response = stub.ReportProgress(self._requests(self.pending), metadata=metadata)
                 if response.stop:
                     self.log("launcher asked this job to stop: checkpointing")
                     self.stop_requested.set()

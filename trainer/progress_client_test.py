@@ -2,6 +2,7 @@
 a launcher that is down costs the run nothing."""
 
 import socket
+import subprocess
 import threading
 from concurrent import futures
 
@@ -21,9 +22,11 @@ class Launcher(launcher_pb2_grpc.LauncherServicer):
 
     def __init__(self, stop_after: int = 0):
         self.received, self.stop_after = [], stop_after
+        self.metadata = set()
         self.lock = threading.Lock()
 
     def ReportProgress(self, request_iterator, context):
+        self.metadata.update(context.invocation_metadata())
         for progress in request_iterator:
             with self.lock:
                 self.received.append(progress)
@@ -37,11 +40,15 @@ class Launcher(launcher_pb2_grpc.LauncherServicer):
 def launcher():
     servers = []
 
-    def start(stop_after=0):
+    def start(stop_after=0, tls=None):
         servicer = Launcher(stop_after)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         launcher_pb2_grpc.add_LauncherServicer_to_server(servicer, server)
-        port = server.add_insecure_port("127.0.0.1:0")
+        if tls:
+            credentials = grpc.ssl_server_credentials([(tls[0].read_bytes(), tls[1].read_bytes())])
+            port = server.add_secure_port("127.0.0.1:0", credentials)
+        else:
+            port = server.add_insecure_port("127.0.0.1:0")
         server.start()
         servers.append(server)
         return servicer, f"127.0.0.1:{port}"
@@ -62,9 +69,13 @@ def run(tmp_path, cache, address, steps, **sections):
     return main.main(args + ["--job-id", "job-7", "--attempt", "2"])
 
 
-def test_progress_reaches_the_launcher_with_the_job_identity(tmp_path, cache, launcher):
+def test_progress_reaches_the_launcher_with_the_job_identity(
+    tmp_path, cache, launcher, monkeypatch
+):
+    monkeypatch.setenv("KITCHEN_LAUNCHER_TOKEN", "attempt-secret")
     servicer, address = launcher()
     assert run(tmp_path, cache, address, steps=4) == main.EXIT_OK
+    assert ("authorization", "Bearer attempt-secret") in servicer.metadata
     train = [p for p in servicer.received if p.phase == "train" and p.tokens_per_second]
     assert [p.step for p in train] == [1, 2, 3, 4]
     assert all(p.job_id == "job-7" and p.attempt == 2 and p.total_steps == 4 for p in train)
@@ -85,3 +96,17 @@ def test_a_launcher_that_is_down_does_not_stop_training(tmp_path, cache):
         address = f"127.0.0.1:{s.getsockname()[1]}"
     assert run(tmp_path, cache, address, steps=3) == main.EXIT_OK
     assert "retrying" in (tmp_path / "run" / "train.log").read_text()
+
+
+def test_progress_over_tls_when_the_launcher_serves_it(tmp_path, cache, launcher, monkeypatch):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    monkeypatch.setenv("KITCHEN_LAUNCHER_TLS_CA", str(cert))
+    servicer, address = launcher(tls=(key, cert))
+    assert run(tmp_path, cache, address, steps=2) == main.EXIT_OK
+    assert [p.step for p in servicer.received if p.phase == "train"] == [1, 2]
