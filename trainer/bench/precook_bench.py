@@ -15,6 +15,7 @@ import argparse
 import datetime
 import os
 import platform
+import resource
 import statistics
 import sys
 import tempfile
@@ -50,32 +51,40 @@ def stdlib_texts() -> list[str]:
     ]
 
 
-def baseline_tokens_per_s(tokenizer_json: str, texts: list[str]) -> tuple[float, int, str]:
-    """The tokenizer's own batch encode, the faster of its two batch APIs."""
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def baseline(tokenizer_json: str, texts: list[str]) -> tuple[float, int, str, float]:
+    """The tokenizer's own batch encode, the faster of its two batch APIs:
+    (tokens/s, tokens, api, CPU seconds)."""
     from tokenizers import Tokenizer
 
     hf = Tokenizer.from_file(tokenizer_json)
-    best = (0.0, 0, "")
+    best = (0.0, 0, "", 0.0)
     for api in ("encode_batch", "encode_batch_fast"):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         n = sum(len(e.ids) for e in getattr(hf, api)(texts, add_special_tokens=False))
         rate = n / (time.perf_counter() - start)
-        best = max(best, (rate, n, api))
+        best = max(best, (rate, n, api, time.process_time() - cpu))
     return best
 
 
-def precook_tokens_per_s(tokenizer_json: str) -> tuple[float, int, float]:
+def precook_run(tokenizer_json: str) -> tuple[float, int, float, float]:
+    """(tokens/s, text tokens, seconds, CPU seconds of this process and its workers)."""
     from protos import trainer_config_pb2 as pb
 
     cfg = pb.DataConfig(tokenizer=pb.BPE_FILE, tokenizer_path=tokenizer_json, seq_len=4096)
     cfg.packing = pb.BEST_FIT
     with tempfile.TemporaryDirectory() as cache:
-        start = time.perf_counter()
+        start, cpu, child_cpu = time.perf_counter(), time.process_time(), children_cpu_s()
         ds = precook_dataset(cfg, cache, show_progress=False)
         seconds = time.perf_counter() - start
+        cpu = time.process_time() - cpu + children_cpu_s() - child_cpu
     docs = ds.manifest["documents"]["total"]
     text_tokens = ds.manifest["counts"]["tokens"] - 2 * docs  # without <bos>/<eos>
-    return text_tokens / seconds, text_tokens, seconds
+    return text_tokens / seconds, text_tokens, seconds, cpu
 
 
 def main() -> int:
@@ -86,7 +95,8 @@ def main() -> int:
     lines = [
         "# Precook benchmark",
         "",
-        f"- machine: {machine()} (shared with other jobs while measured)",
+        f"- machine: {machine()}; shared with other jobs while measured (load average "
+        f"{os.getloadavg()[0]:.1f} at the start), so the rounds alternate the two sides",
         f"- date: {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')}",
         f"- python {platform.python_version()}, numpy {np.__version__}",
         "- corpus: the Python standard library (*.py, without site-packages)",
@@ -106,27 +116,34 @@ def main() -> int:
             f"{len(texts):,} documents, {sum(map(len, texts)) / 1e6:.1f} M characters. Precook: "
             "`precook_dataset` (bpe_file, best_fit, T=4096, workers = CPUs, empty cache): hash "
             "inputs, read files, tokenize in worker processes, pack, write shards and manifest. "
-            "Tokenizer: the same tokenizer.json, texts already in memory, all cores.",
+            "Tokenizer: the same tokenizer.json, texts already in memory, all cores. Wall-clock "
+            "throughput swings with the other jobs' load, so the CPU cost per token (this "
+            "process and its workers, from getrusage) is shown too: it does not.",
             "",
-            "| round | tokenizer batch encode (tokens/s) | precook end to end (tokens/s) | ratio |",
-            "|---|---|---|---|",
+            "| round | load avg | tokenizer batch encode | precook end to end | throughput ratio "
+            "| CPU-time ratio |",
+            "|---|---|---|---|---|---|",
         ]
-        ratios = []
+        ratios, cpu_ratios = [], []
         for round_ in range(1, args.rounds + 1):
-            base, n_base, api = baseline_tokens_per_s(tok_json, texts)
-            rate, n_pre, seconds = precook_tokens_per_s(tok_json)
+            base, n_base, api, base_cpu = baseline(tok_json, texts)
+            rate, n_pre, seconds, cpu = precook_run(tok_json)
             if n_base != n_pre:
                 raise SystemExit(f"token counts differ: tokenizer {n_base}, precook {n_pre}")
             ratios.append(rate / base)
+            cpu_ratios.append(base_cpu / cpu)  # tokens per CPU-second, precook / tokenizer
             lines.append(
-                f"| {round_} | {base / 1e6:.2f} M ({api}) | {rate / 1e6:.2f} M ({seconds:.1f} s) "
-                f"| {rate / base:.2f} |"
+                f"| {round_} | {os.getloadavg()[0]:.1f} | {base / 1e6:.2f} M tokens/s ({api}, "
+                f"{base_cpu:.1f} CPU-s) | {rate / 1e6:.2f} M tokens/s ({seconds:.1f} s, "
+                f"{cpu:.1f} CPU-s) | {rate / base:.2f} | {base_cpu / cpu:.2f} |"
             )
             print(lines[-1], file=sys.stderr)
         lines += [
             "",
-            f"Median ratio: **{statistics.median(ratios):.2f}** (goal >= 0.8); both sides "
-            f"produced the same {n_base:,} text tokens.",
+            f"Median throughput ratio: **{statistics.median(ratios):.2f}** (goal >= 0.8); "
+            f"median CPU-time ratio (tokenizer CPU-seconds / precook CPU-seconds for the same "
+            f"text): **{statistics.median(cpu_ratios):.2f}**. Both sides produced the same "
+            f"{n_base:,} text tokens.",
             "",
         ]
         lengths = np.array([len(t) for t in tok.encode_batch(texts)]) + 2  # <bos> ... <eos>

@@ -1,8 +1,8 @@
 """Durable writes: every file fsynced, its size and sha256 returned for the manifest.
 
 Precook writes a whole dataset into a temporary directory and publishes it with one rename
-(cache.py), so single files need no rename of their own there; `write_json_atomic` is for
-files written in place (a plot, a results table).
+(cache.py), so single files need no rename of their own there; `write_atomic` is for files
+written in place (a plot).
 """
 
 import hashlib
@@ -57,7 +57,3 @@ def write_atomic(path: str, data: bytes) -> None:
             os.unlink(tmp)
         raise
     fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
-def write_json_atomic(path: str, obj) -> None:
-    write_atomic(path, json_bytes(obj))

@@ -17,6 +17,7 @@ from trainer.data import cache as cache_mod
 from trainer.data import defaults, manifest, packing, shards, tokenized
 from trainer.data.corpus import plan_corpus
 from trainer.data.defaults import enum_name
+from trainer.data.errors import DataConfigError
 from trainer.data.progress import human
 from trainer.data.tokenizer import Tokenizer, from_section
 
@@ -142,9 +143,14 @@ def _build_dataset(tmp: str, cfg, key: str, tok_path: str, tok_manifest: dict, s
 
 def precook_dataset(cfg, cache_dir: str, *, show_progress: bool = True) -> PrecookedDataset:
     """Precook `cfg` (a kitchen.v1.DataConfig; unset fields take their defaults) under
-    `cache_dir`, or find it there already precooked. Raises PrecookError for bad input."""
+    `cache_dir` (or else `cfg.cache_dir`), or find it there already precooked. Raises
+    PrecookError for bad input. Tokenizes in `spawn`ed worker processes, so a script that
+    calls it must do so under `if __name__ == "__main__":`."""
     say = reporter(show_progress)
     cfg = defaults.resolve(cfg)
+    cache_dir = cache_dir or cfg.cache_dir
+    if not cache_dir:
+        raise DataConfigError("cache_dir", "no directory to precook into")
     start = time.perf_counter()
     plan = plan_corpus(cfg, enum_name(cfg, "format"))
     cache = cache_mod.Cache(cache_dir)

