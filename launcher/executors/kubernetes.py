@@ -68,7 +68,9 @@ def render(launch: Launch, pool, grace_seconds: float, torchrun_cmd: list) -> li
     if k8s.service_account:
         pod["serviceAccountName"] = k8s.service_account
     if k8s.state_volume_claim:
-        container["volumeMounts"] = [{"name": "state", "mountPath": os.path.dirname(job.run_dir)}]
+        # The whole state dir: run dirs and the precook cache, at the launcher's own path.
+        state_dir = launch.env.get("KITCHEN_STATE_DIR") or os.path.dirname(job.run_dir)
+        container["volumeMounts"] = [{"name": "state", "mountPath": state_dir}]
         pod["volumes"] = [
             {"name": "state", "persistentVolumeClaim": {"claimName": k8s.state_volume_claim}}
         ]

@@ -35,7 +35,8 @@ def launch(tmp_path, nodes=1, processes=1, gpus=0):
     r.nodes, r.processes_per_node, r.gpus_per_node = nodes, processes, gpus
     handle = {"attempt_dir": attempt_dir(str(tmp_path), 3), "launched_at": time.time()}
     argv = ["/app/trainer/train", "--spec", "/state/runs/j12/job.json", "--job-id", "j12"]
-    return Launch(job, argv, {"KITCHEN_LAUNCHER_TOKEN": "t"}, handle)
+    env = {"KITCHEN_LAUNCHER_TOKEN": "t", "KITCHEN_STATE_DIR": "/state"}
+    return Launch(job, argv, env, handle)
 
 
 def test_single_node_job_manifest(tmp_path):
@@ -52,7 +53,8 @@ def test_single_node_job_manifest(tmp_path):
     assert c["command"][:4] == [*TORCHRUN, "--standalone"]
     assert "--nproc-per-node=2" in c["command"] and c["command"][-5:][0] == "/app/trainer/train"
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 4}
-    assert c["volumeMounts"] == [{"name": "state", "mountPath": "/state/runs"}]
+    assert c["volumeMounts"] == [{"name": "state", "mountPath": "/state"}]
+    assert {"name": "KITCHEN_STATE_DIR", "value": "/state"} in c["env"]
     assert pod["terminationGracePeriodSeconds"] == 60 and pod["restartPolicy"] == "Never"
 
 
