@@ -5,6 +5,7 @@ Dynamo cannot trace a Triton launch in the interpreter (it reads raw storage poi
 ops reach compiled graphs as opaque custom ops; see kernels/ops/utils.py:compile_safe.
 """
 
+import pytest
 import torch
 from functorch.compile import make_boxed_func
 from torch import nn
@@ -32,10 +33,11 @@ class AllOps(nn.Module):
 
     def forward(self, x, cos, sin, target):
         h = self.ops.rms_norm(x, self.norm)
-        q = self.q(h).view(1, TOKENS, HEADS, HEAD_DIM)
-        k = self.k(h).view(1, TOKENS, KV_HEADS, HEAD_DIM)
+        tokens = x.shape[0]  # symbolic under dynamic shapes
+        q = self.q(h).view(1, tokens, HEADS, HEAD_DIM)
+        k = self.k(h).view(1, tokens, KV_HEADS, HEAD_DIM)
         q, k = self.ops.apply_rope(q, k, cos, sin)
-        mixed = torch.cat((h, q.reshape(TOKENS, -1), k.reshape(TOKENS, -1)), dim=-1)
+        mixed = torch.cat((h, q.reshape(tokens, -1), k.reshape(tokens, -1)), dim=-1)
         gate, up = self.gate_up(mixed).chunk(2, dim=-1)
         h = h + self.down(self.ops.swiglu(gate, up))
         fused = self.ops.fused_linear_cross_entropy(h, self.head.weight, target)
@@ -43,7 +45,7 @@ class AllOps(nn.Module):
         weighted = self.ops.fused_linear_cross_entropy(
             h, self.head.weight, target, reduction="none"
         )
-        return fused + (per_token + weighted * torch.linspace(0, 1, TOKENS)).mean()
+        return fused + (per_token + weighted * torch.linspace(0, 1, tokens)).mean()
 
 
 def _inputs():
@@ -68,7 +70,8 @@ def _graph_ops(graphs):
     }
 
 
-def test_compiled_model_matches_eager_and_calls_the_kernels():
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic_shapes"])
+def test_compiled_model_matches_eager_and_calls_the_kernels(dynamic):
     torch.manual_seed(1)
     model = AllOps(kernels)
     graphs = []
@@ -78,7 +81,10 @@ def test_compiled_model_matches_eager_and_calls_the_kernels():
         return make_boxed_func(gm.forward)
 
     compiled = torch.compile(
-        model, backend=aot_autograd(fw_compiler=keep, bw_compiler=keep), fullgraph=True
+        model,
+        backend=aot_autograd(fw_compiler=keep, bw_compiler=keep),
+        fullgraph=True,
+        dynamic=dynamic,
     )
     loss, grads = _loss_and_grads(model, compiled)
     eager_loss, eager_grads = _loss_and_grads(model, model)
@@ -92,6 +98,8 @@ def test_compiled_model_matches_eager_and_calls_the_kernels():
         assert_close(got, ref, torch.float32)
 
     assert len(graphs) == 2, "one forward and one backward graph: no graph breaks"
+    inputs = [n.meta.get("val") for n in graphs[0].graph.nodes if n.op == "placeholder"]
+    assert any(isinstance(v, torch.SymInt) for v in inputs) == dynamic, "symbolic token count"
     called = _graph_ops(graphs)
     for op in (
         "kernels.rms_norm_forward.default",
@@ -118,3 +126,24 @@ def test_inductor_compiles_and_runs_the_model(tmp_path, monkeypatch):
     assert_close(loss, eager_loss, torch.float32)
     for got, want in zip(grads, eager_grads, strict=True):
         assert_close(got, want, torch.float32)
+
+
+def test_one_tensor_passed_to_two_inputs():
+    # Dynamo refuses autograd.Function.apply with a repeated input; the ops pass a view instead.
+    def step(h, q, k, cos):
+        q, k = kernels.apply_rope(q, k, cos, cos)
+        return kernels.swiglu(h, h).sum() + q.sum() + k.sum()
+
+    torch.manual_seed(3)
+    args = [
+        torch.randn(3, 5),
+        torch.randn(1, 3, 2, 4),
+        torch.randn(1, 3, 1, 4),
+        torch.randn(1, 3, 4),
+    ]
+    leaves = [a.requires_grad_() for a in args[:3]]
+    compiled = torch.compile(step, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(compiled(*args), leaves)
+    want = torch.autograd.grad(step(*args), leaves)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, torch.float32)

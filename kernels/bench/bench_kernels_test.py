@@ -34,7 +34,10 @@ def test_time_ms_reports_every_implementation():
     assert calls["a"] == calls["b"] >= 1 + 1 + 3  # warmup, probe, reps: interleaved evenly
 
 
-def test_small_cpu_run_writes_csv_and_markdown(tmp_path):
+def test_small_cpu_run_writes_csv_and_markdown(tmp_path, monkeypatch):
+    # Run with the interpreter off (and so the reference on CPU) even in a pytest process that
+    # other kernel tests started with TRITON_INTERPRET=1.
+    monkeypatch.setattr(kernels.dispatch, "INTERPRET", False)
     prefix = tmp_path / "results"
     args = ["--device", "cpu", "--tokens", "8", "--ops", "rms_norm,cross_entropy"]
     assert bench_kernels.main([*args, "--impls", "kernels,eager", "--out", str(prefix)]) == 0

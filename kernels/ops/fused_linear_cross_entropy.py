@@ -16,7 +16,7 @@ import torch
 import triton
 
 from kernels.ops.cross_entropy import launch_cross_entropy, scale_rows_safe
-from kernels.ops.utils import compile_safe
+from kernels.ops.utils import compile_safe, distinct
 
 
 def chunk_size(n_tokens: int, dim: int, vocab: int) -> int:
@@ -228,9 +228,7 @@ def fused_linear_cross_entropy(
         hidden, weight = hidden.to(dtype), weight.to(dtype)
     grad_enabled = torch.is_grad_enabled()
     return FusedLinearCrossEntropyFunction.apply(
-        hidden,
-        weight,
-        target,
+        *distinct(hidden, weight, target),
         ignore_index,
         reduction,
         grad_enabled and hidden.requires_grad,

@@ -13,6 +13,7 @@ import triton.language as tl
 from kernels.ops.utils import (
     MAX_FUSED_SIZE,
     compile_safe,
+    distinct,
     program_count,
     row_settings,
     rows_per_tile,
@@ -171,4 +172,4 @@ class RMSNormFunction(torch.autograd.Function):
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return RMSNormFunction.apply(x, weight, eps)
+    return RMSNormFunction.apply(*distinct(x, weight), eps)

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.ops.utils import compile_safe, rows_per_tile
+from kernels.ops.utils import compile_safe, distinct, rows_per_tile
 
 
 @triton.jit
@@ -150,4 +150,4 @@ class RoPEFunction(torch.autograd.Function):
 
 
 def apply_rope(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    return RoPEFunction.apply(q, k, cos, sin)
+    return RoPEFunction.apply(*distinct(q, k, cos, sin))

@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.ops.utils import autotune_on_gpu, compile_safe
+from kernels.ops.utils import autotune_on_gpu, compile_safe, distinct
 
 # The first config is the one used off-GPU (see autotune_on_gpu).
 _CONFIGS = [
@@ -112,4 +112,4 @@ class SwiGLUFunction(torch.autograd.Function):
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return SwiGLUFunction.apply(gate, up)
+    return SwiGLUFunction.apply(*distinct(gate, up))

@@ -70,3 +70,19 @@ def compile_safe(eager: Callable, op: Callable) -> Callable:
         return eager(*args)
 
     return call
+
+
+def distinct(*args):
+    """`args` with any tensor that repeats an earlier one replaced by a view of it.
+
+    Dynamo cannot trace autograd.Function.apply when one tensor is passed to two inputs (say
+    swiglu(h, h), or cos passed as sin): a view is a distinct input over the same data. Eager
+    calls are left untouched."""
+    if not torch.compiler.is_compiling():
+        return args
+    out = []
+    for a in args:
+        if isinstance(a, torch.Tensor) and any(a is b for b in out):
+            a = a.view_as(a)
+        out.append(a)
+    return tuple(out)
