@@ -17,6 +17,7 @@ import contextlib
 import itertools
 import multiprocessing
 import os
+import time
 from array import array
 
 import numpy as np
@@ -68,12 +69,16 @@ def tokenizer_identity(cfg) -> dict:
         raise DataConfigError("tokenizer_path", f"{path}: cannot read: {err.strerror}") from None
 
 
-def _init_worker(section: dict, directory: str, cfg, fmt: str, skip_invalid_utf8: bool) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
-    os.environ["RAYON_NUM_THREADS"] = "1"
+def _load_worker(section: dict, directory: str, cfg, fmt: str, skip_invalid_utf8: bool) -> None:
     _worker.update(
         tok=tokenizer.from_section(section, directory), cfg=cfg, fmt=fmt, skip=skip_invalid_utf8
     )
+
+
+def _init_worker_process(*args) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one process per core already
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    _load_worker(*args)
 
 
 def _layout(tok, bodies: list, response_from: list | None):
@@ -121,12 +126,15 @@ def _results(plan: CorpusPlan, workers: int, init_args: tuple):
     """tokenize_unit over every unit, in corpus order: inline, or `workers` processes."""
     workers = min(workers, len(plan.units))
     if workers <= 1:
-        _init_worker(*init_args)
-        yield from map(tokenize_unit, plan.units)
+        _load_worker(*init_args)
+        try:
+            yield from map(tokenize_unit, plan.units)
+        finally:
+            _worker.clear()
         return
     ctx = multiprocessing.get_context("spawn")  # no inherited tokenizer thread pools
     with concurrent.futures.ProcessPoolExecutor(
-        workers, mp_context=ctx, initializer=_init_worker, initargs=init_args
+        workers, mp_context=ctx, initializer=_init_worker_process, initargs=init_args
     ) as pool:
         pending = collections.deque()
         units = iter(plan.units)
@@ -162,7 +170,9 @@ def _make_tokenizer(cfg, plan: CorpusPlan, fmt: str, n_eval: int, say) -> tokeni
     if kind == "CL100K":
         return tokenizer.cl100k()
     say(f"training a byte-level BPE tokenizer (vocab {cfg.vocab_size:,}) on the train split")
+    start = time.perf_counter()
     tok = tokenizer.train_bpe(_train_texts(plan, cfg, fmt, n_eval), cfg.vocab_size)
+    say(f"BPE trained in {time.perf_counter() - start:.1f} s")
     if tok.vocab_size < cfg.vocab_size:
         say(
             f"note: the BPE stopped at {tok.vocab_size:,} tokens, short of --vocab-size "
