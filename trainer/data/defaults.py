@@ -82,11 +82,6 @@ def validate(cfg) -> None:
             f"{cfg.vocab_size} cannot fit a byte-level BPE: it needs at least {MIN_BPE_VOCAB} "
             f"tokens ({BYTE_ALPHABET} bytes + {len(SPECIAL_TOKENS)} special tokens)",
         )
-        _check(
-            cfg.vocab_size <= 2**32,
-            "vocab_size",
-            f"{cfg.vocab_size} does not fit in uint32 token ids",
-        )
     if enum_name(cfg, "tokenizer") == "BPE_FILE":
         _check(bool(cfg.tokenizer_path), "tokenizer_path", "is required when tokenizer is BPE_FILE")
     _check(

@@ -36,9 +36,9 @@ def write_manifest(directory: str, manifest: dict) -> None:
     files.write_bytes(os.path.join(directory, MANIFEST), files.json_bytes(manifest))
 
 
-def problem(path: str, manifest: dict, checksums: bool = True) -> str | None:
+def problem(path: str, manifest: dict) -> str | None:
     """Why the directory does not match its manifest (a missing, resized or changed file),
-    or None when it does. Sizes are always checked; contents when `checksums`."""
+    or None when it does."""
     for rel, want in sorted(manifest["files"].items()):
         name = os.path.join(path, rel)
         try:
@@ -47,6 +47,6 @@ def problem(path: str, manifest: dict, checksums: bool = True) -> str | None:
             return f"{rel} is missing"
         if size != want["bytes"]:
             return f"{rel} has {size} bytes, the manifest says {want['bytes']}"
-        if checksums and files.sha256_file(name) != want["sha256"]:
+        if files.sha256_file(name) != want["sha256"]:
             return f"{rel} does not match its sha256 in the manifest"
     return None
