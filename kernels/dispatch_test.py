@@ -13,7 +13,7 @@ import torch
 
 import kernels
 
-REPO_ROOT = pathlib.Path(kernels.__file__).resolve().parent.parent
+REPO_ROOT = pathlib.Path(kernels.__file__).parent.parent  # also the runfiles root under Bazel
 
 # Runs every public op and prints the names of the autograd nodes they produced.
 ALL_OPS = textwrap.dedent(

@@ -13,7 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.ops.utils import MAX_FUSED_SIZE, compile_safe, row_settings, rows_per_tile
+from kernels.ops.utils import (
+    MAX_FUSED_SIZE,
+    compile_safe,
+    elementwise_block,
+    row_settings,
+    rows_per_tile,
+)
 
 # Vocabulary columns per loop iteration: the row is streamed, so any vocabulary size works.
 MAX_BLOCK = MAX_FUSED_SIZE // 2
@@ -119,10 +125,11 @@ def scale_rows(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     n = x.numel()
     if n:
         n_cols = n // scale.numel() if scale.numel() > 1 else n
-        block = 1024
+        block = elementwise_block(n)
         _scale_rows_kernel[(triton.cdiv(n, block),)](
-            x, out, scale.contiguous(), 1 if scale.numel() > 1 else 0, n, n_cols, BLOCK_SIZE=block
-        )
+            x, out, scale.contiguous(), 1 if scale.numel() > 1 else 0, n, n_cols,
+            BLOCK_SIZE=block, num_warps=8,
+        )  # fmt: skip
     return out
 
 

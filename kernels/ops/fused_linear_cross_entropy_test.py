@@ -54,6 +54,15 @@ def test_matches_reference(reduction, dtype):
     assert loss.shape == ((37,) if reduction == "none" else ())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_realistic_vocabulary(dtype):
+    # Llama-2's 32000 classes: not a multiple of the 32768-column block, one token per chunk.
+    torch.manual_seed(9)
+    hidden, weight, target = _inputs(6, 128, 32000, dtype, ignored=[2])
+    assert chunk_size(6, 128, 32000) == 1
+    _check(hidden, weight, target, dtype, "mean")
+
+
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 def test_single_token(reduction):
     torch.manual_seed(1)

@@ -43,6 +43,14 @@ def rows_per_tile(block_cols: int, n_rows: int, tile: int = 4096) -> int:
     return max(1, min(tile // block_cols, triton.next_power_of_2(n_rows)))
 
 
+def elementwise_block(n_elements: int) -> int:
+    """Elements per program of a flat elementwise kernel: 4096 on a GPU; up to 64K in the
+    interpreter, where each program costs milliseconds whatever its size."""
+    if on_gpu():
+        return 4096
+    return max(16, min(MAX_FUSED_SIZE, triton.next_power_of_2(n_elements)))
+
+
 def program_count(n_rows: int, device: torch.device) -> int:
     """Programs for a kernel that loops over rows: one per SM on a GPU, a few in the interpreter."""
     if device.type == "cuda":
