@@ -72,12 +72,13 @@ def cross_entropy_kernel(
         grad_rows = GRAD + rows[:, None] * stride_grad
         for start in range(0, n_cols, BLOCK_SIZE):
             cols = start + tl.arange(0, BLOCK_SIZE)
-            mask = row_mask[:, None] & (cols < n_cols)[None, :]
-            x = tl.load(logits_rows + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-            p = tl.exp(x - lse[:, None])
+            col_mask = (cols < n_cols)[None, :]
+            x = tl.load(logits_rows + cols[None, :], mask=active[:, None] & col_mask, other=0.0)
+            p = tl.exp(x.to(tl.float32) - lse[:, None])
             g = tl.where(cols[None, :] == target[:, None], p - 1.0, p) * scale[:, None]
-            g = tl.where(active[:, None], g, 0.0)
-            tl.store(grad_rows + cols[None, :], g.to(GRAD.dtype.element_ty), mask=mask)
+            g = tl.where(active[:, None], g, 0.0)  # ignored rows: zeros, without reading them
+            store_mask = row_mask[:, None] & col_mask
+            tl.store(grad_rows + cols[None, :], g.to(GRAD.dtype.element_ty), mask=store_mask)
 
 
 @triton.jit
@@ -156,18 +157,20 @@ def cross_entropy_forward(
         scale = 1.0 / n_valid.clamp(min=1).to(torch.float32)
     else:
         scale = torch.ones((), dtype=torch.float32, device=logits.device)
-    grad = torch.empty(logits2.shape, dtype=logits.dtype, device=logits.device)
+    grad = torch.empty(
+        logits2.shape if compute_grad else (0,), dtype=logits.dtype, device=logits.device
+    )
     launch_cross_entropy(
         logits2, target1, loss_rows, ignore_index, grad if compute_grad else None, scale
     )
-    if not compute_grad:
-        grad = grad.new_empty(0)
+    if compute_grad:
+        grad = grad.view(logits.shape)
     if reduction == "none":
-        return loss_rows.view(target.shape), grad.view(logits.shape) if compute_grad else grad
+        return loss_rows.view(target.shape), grad
     loss = loss_rows.sum()
     if reduction == "mean":
         loss = loss * scale
-    return loss, grad.view(logits.shape) if compute_grad else grad
+    return loss, grad
 
 
 @torch.library.custom_op("kernels::cross_entropy_forward", mutates_args=())
