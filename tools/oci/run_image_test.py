@@ -1,0 +1,112 @@
+"""run_image.py runs a real image (Debian base + a test job) with bwrap and with runc."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.oci import testing
+
+# Set by the Bazel target: //tools/oci:testdata_image (Debian base + testdata/job.py).
+LAYOUT = os.environ.get("RUN_IMAGE_TEST_LAYOUT", "")
+RUNTIMES = ["bwrap", "runc"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def image_layout():
+    assert LAYOUT and os.path.isdir(LAYOUT), "RUN_IMAGE_TEST_LAYOUT must name the test image"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("rootfs-cache")
+
+
+def run_image(cache_dir, *args, runtime="bwrap", popen=False):
+    command = [sys.executable, "-m", "tools.oci.run_image", "--layout", LAYOUT]
+    command += ["--cache-dir", str(cache_dir), "--runtime", runtime, *args]
+    env = dict(os.environ, PYTHONPATH=testing.pythonpath())
+    if popen:
+        return subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_job_sees_the_image_and_its_run_dir(cache_dir, tmp_path, runtime):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = run_image(
+        cache_dir,
+        "--bind",
+        str(run_dir),
+        "--env",
+        "EXTRA=1",
+        "--",
+        str(run_dir),
+        "report",
+        runtime=runtime,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["python"] == [3, 11]
+    assert "bookworm" in report["os_release"]
+    assert report["cwd"] == "/opt/test"
+    assert report["env"]["JOB_KIND"] == "test", "Env from the image config"
+    assert report["env"]["EXTRA"] == "1", "--env adds to it"
+    assert report["root_writable"] is False, "the shared unpacked rootfs must stay read-only"
+    assert report["tmp_writable"] is True
+    assert not (cache_dir / "written-by-job").exists()
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_exit_status_is_the_commands(cache_dir, tmp_path, runtime):
+    proc = run_image(cache_dir, "--", str(tmp_path), "exit:3", runtime=runtime)
+    assert proc.returncode == 3, proc.stderr
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_sigterm_reaches_the_job_which_exits_75(cache_dir, tmp_path, runtime):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = run_image(
+        cache_dir, "--bind", str(run_dir), "--", str(run_dir), "wait", runtime=runtime, popen=True
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / "ready").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the job never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 75, stderr
+    assert (run_dir / "preempted").read_text() == "SIGTERM"
+
+
+def test_unpacks_once_per_image(cache_dir, tmp_path):
+    first = run_image(cache_dir, "--", str(tmp_path), "exit:0")
+    second = run_image(cache_dir, "--", str(tmp_path), "exit:0")
+    assert first.returncode == second.returncode == 0
+    assert "unpacking" not in second.stderr
+    rootfs = run_image(cache_dir, "--unpack-only").stdout.strip()
+    assert Path(rootfs).is_relative_to(cache_dir) and (Path(rootfs) / "usr/bin/python3").exists()
+
+
+def test_entrypoint_can_be_replaced(cache_dir):
+    proc = run_image(
+        cache_dir, "--entrypoint", "python3 -c 'import sys; print(sys.argv[1:])'", "--", "a", "b"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['a', 'b']"
+
+
+def test_missing_bind_source_is_named(cache_dir, tmp_path):
+    proc = run_image(cache_dir, "--bind", str(tmp_path / "nope"), "--", "x", "exit:0")
+    assert proc.returncode != 0
+    assert f"{tmp_path / 'nope'} does not exist" in proc.stderr
