@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from trainer import distributed
+from trainer.data.files import fsync_dir, json_bytes, sha256_file, write_bytes
 
 PREFIX = "step_"
 FILES = ("model.pt", "train.pt")
@@ -59,22 +60,6 @@ def _save(obj, path: Path) -> dict:
     finally:
         info = out.close()
     return info
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _sha256(path: Path) -> str:
-    sha = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def _state_options():
@@ -132,7 +117,7 @@ def verify(path: Path, files=FILES) -> dict:
         size = file.stat().st_size
         if size != expected["bytes"]:
             raise CheckpointError(f"{path}: {name} is {size} bytes, expected {expected['bytes']}")
-        if _sha256(file) != expected["sha256"]:
+        if sha256_file(file) != expected["sha256"]:
             raise CheckpointError(f"{path}: {name} does not match its SHA-256")
     return meta
 
@@ -186,15 +171,12 @@ class Checkpointer:
             }
             full_meta = dict(meta, step=step, files=files, saved_at=time.time())
             full_meta["loader"] = [r["loader"] for r in ranks]
-            with open(tmp / "meta.json", "w") as f:
-                json.dump(full_meta, f, indent=1)
-                f.flush()
-                os.fsync(f.fileno())
-            _fsync_dir(tmp)
+            write_bytes(tmp / "meta.json", json_bytes(full_meta))
+            fsync_dir(tmp)
             if final.exists():  # the same step saved again (after a rollback): replace it
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
             for old in checkpoints(self.directory)[: -self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         distributed.barrier()
@@ -209,7 +191,7 @@ class Checkpointer:
 def load(path: Path, model, optimizer, rank: int) -> dict:
     """Restore model and optimizer from checkpoint `path`; return this rank's train state."""
     load_model_state(model, torch.load(path / "model.pt", map_location="cpu", mmap=True))
-    train = torch.load(path / "train.pt", map_location="cpu", weights_only=False)
+    train = torch.load(path / "train.pt", map_location="cpu")
     load_optimizer_state(model, optimizer, train["optimizer"])
     return train["ranks"][rank]
 
@@ -227,3 +209,31 @@ def load_model(path: Path, device, use_kernels: bool = True):
     model = Transformer(model_cfg, meta["vocab_size"], ops=select_ops(use_kernels, device))
     model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", mmap=True))
     return model.to(device).eval(), meta
+
+
+def pretrained(path: Path, model_cfg, vocab_size: int) -> dict:
+    """meta.json of the checkpoint an SFT run starts from, if its model fits `model_cfg` (a
+    ModelConfig) and `vocab_size`; else a ConfigError naming trainer.checkpoint.path."""
+    from google.protobuf import json_format
+
+    from trainer.config import ConfigError
+
+    field = "trainer.checkpoint.path"
+    try:
+        meta = verify(path, files=("model.pt",))
+    except CheckpointError as e:
+        raise ConfigError(f"{field}: {e}") from e
+    if meta["vocab_size"] != vocab_size:
+        raise ConfigError(
+            f"{field}: {path} has a {meta['vocab_size']}-token vocabulary, the SFT data "
+            f"{vocab_size}: precook it with tokenizer: BPE_FILE and tokenizer_path: "
+            "the pretraining dataset's tokenizer.json"
+        )
+    ours = json_format.MessageToDict(model_cfg, preserving_proto_field_name=True)
+    for name, value in meta["model"].items():
+        if name not in ("max_seq_len", "use_kernels") and ours.get(name) != value:
+            raise ConfigError(
+                f"{field}: {path} has model.{name} {value}, this config {ours.get(name)}: "
+                "set trainer.model as the pretraining run had it"
+            )
+    return meta

@@ -107,6 +107,12 @@ def resolve(cfg, kind: str = "PRETRAIN", world_size: int = 1):
     if not m.HasField("max_seq_len"):
         m.max_seq_len = out.data.seq_len
     validate(out, kind)
+    _check(
+        world_size == 1 or enum_name(out.train, "parallelism") != "SINGLE",
+        "train.parallelism",
+        f"SINGLE with {world_size} processes would train {world_size} unrelated models: "
+        "use DDP or FSDP",
+    )
     return out
 
 

@@ -28,7 +28,6 @@ def test_defaults_fill_every_optional_field():
     assert cfg.model.ffn_dim == 704  # 8/3 * 256 = 682.7, up to a multiple of 64
     assert cfg.optim.lr == pytest.approx(3e-3) and cfg.train.steps == 200
     assert config.enum_name(cfg.train, "parallelism") == "SINGLE"
-    assert config.enum_name(config.resolve(cfg, world_size=2).train, "parallelism") == "SINGLE"
     fresh = config.resolve(trainer_config_pb2.TrainerConfig(), world_size=2)
     assert config.enum_name(fresh.train, "parallelism") == "DDP"
 
@@ -66,6 +65,15 @@ def test_bad_values_name_their_field(fields, message):
     with pytest.raises(config.ConfigError) as err:
         config.resolve(cfg_with(**fields))
     assert str(err.value).startswith(message), str(err.value)
+
+
+def test_several_processes_need_ddp_or_fsdp():
+    cfg = cfg_with(train__parallelism=trainer_config_pb2.SINGLE)
+    assert config.resolve(cfg).train.parallelism == trainer_config_pb2.SINGLE
+    with pytest.raises(config.ConfigError, match="trainer.train.parallelism: SINGLE with 2"):
+        config.resolve(cfg, world_size=2)
+    fsdp = cfg_with(train__parallelism=trainer_config_pb2.FSDP)
+    assert config.resolve(fsdp, world_size=2).train.parallelism == trainer_config_pb2.FSDP
 
 
 def test_sft_needs_prompt_response_data():

@@ -188,13 +188,7 @@ class Trainer:
                 return
         if self.kind == "SFT" and self.cfg.checkpoint.path:
             path = Path(self.cfg.checkpoint.path)
-            meta = checkpoint.verify(path, files=("model.pt",))
-            if meta["vocab_size"] != self.vocab_size:
-                raise TrainingError(
-                    f"trainer.checkpoint.path: {path} has a {meta['vocab_size']}-token "
-                    f"vocabulary, the SFT data {self.vocab_size}: precook it with "
-                    f"tokenizer: BPE_FILE and the pretraining dataset's tokenizer"
-                )
+            meta = checkpoint.pretrained(path, self.cfg.model, self.vocab_size)
             state = torch.load(path / "model.pt", map_location="cpu", mmap=True)
             checkpoint.load_model_state(self.model, state)
             self.log(f"fine-tuning from {path} (step {meta['step']})")
@@ -251,66 +245,77 @@ class Trainer:
 
     def run(self) -> str:
         """Train to `train.steps`; DONE, or PREEMPTED after saving a checkpoint."""
-        t, every = self.cfg.train, self.cfg.checkpoint.every_steps
         self.goodput.add("startup", time.time() - self.goodput.started - self.restore_s)
-        self.metrics.identity["total_steps"] = t.steps
+        self.metrics.identity["total_steps"] = self.cfg.train.steps
         first_step = self.step
-        while self.step < t.steps:
-            start = time.perf_counter()
-            batches = self._micro_batches()
-            data_s = time.perf_counter() - start
-            labelled = sum(int((b["labels"] != -100).sum()) for b in batches)
-            padding = sum(int((b["document_ids"] < 0).sum()) for b in batches)
-            local = [labelled, padding, int(self.stop_requested())]
-            agreed = distributed.all_reduce_sum(
-                torch.tensor(local, dtype=torch.float64, device=self.device)
-            ).tolist()
-            if agreed[2] > 0:
-                path = self.save()
-                self.log(f"stop requested: saved {path} at step {self.step}; exiting")
+        while self.step < self.cfg.train.steps:
+            if self.advance(first_step) == PREEMPTED:
                 return PREEMPTED
-            n_tokens = max(float(agreed[0]), 1.0)
-            loss, grad_norm = self.train_step(batches, n_tokens)
-            verdict = self.guard.check(loss)
-            if verdict == OK:
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            lr = self.scheduler.get_last_lr()[0]
-            with warnings.catch_warnings():
-                # A skipped update still advances the schedule; torch warns about the order.
-                warnings.filterwarnings("ignore", "Detected call of `lr_scheduler")
-                self.scheduler.step()
-            self.step += 1
-            self.loader_position = self.loader.state_dict()
-            step_s = time.perf_counter() - start
-            self.goodput.add("data", data_s)
-            self.goodput.add("productive" if verdict == OK else "lost", step_s - data_s)
-            positions = sum(b["document_ids"].numel() for b in batches) * self.env.world_size
-            padding = int(agreed[1])
-            self.tokens_total += positions - padding
-            self.metrics.step(
-                tokens=positions - padding,
-                positions=positions,
-                padding=padding,
-                loss=loss if verdict == OK else None,
-                step_time=step_s,
-                data_time=data_s,
-            )
-            if verdict != OK:
-                self.log(f"step {self.step}: loss {loss:.4g} rejected by the loss guard")
-            if verdict == ROLLBACK:
-                self._rollback()
-                continue
-            if self.step % t.log_every == 0 or self.step == t.steps:
-                self._log_step(grad_norm, lr)
-            if every and self.step % every == 0 and self.step < t.steps:
-                self.save()
-            if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps:
-                self.evaluate()
         if self.step > first_step:
             self.log(f"saved {self.save()}")
         self.evaluate()
         return DONE
+
+    def advance(self, first_step: int = 0) -> str | None:
+        """One optimizer step and what follows it (metrics, checkpoint, eval); PREEMPTED when
+        a stop was requested instead. `first_step`: where this process started (logged)."""
+        t, every = self.cfg.train, self.cfg.checkpoint.every_steps
+        start = time.perf_counter()
+        batches = self._micro_batches()
+        data_s = time.perf_counter() - start
+        labelled = sum(int((b["labels"] != -100).sum()) for b in batches)
+        padding = sum(int((b["document_ids"] < 0).sum()) for b in batches)
+        local = [labelled, padding, int(self.stop_requested())]
+        agreed = distributed.all_reduce_sum(
+            torch.tensor(local, dtype=torch.float64, device=self.device)
+        ).tolist()
+        if agreed[2] > 0:
+            path = self.save()
+            self.log(f"stop requested: saved {path} at step {self.step}; exiting")
+            return PREEMPTED
+        loss, grad_norm = self.train_step(batches, max(agreed[0], 1.0))
+        verdict = self.guard.check(loss)
+        if verdict == OK:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        with warnings.catch_warnings():
+            # A skipped update still advances the schedule; torch warns about the order.
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler")
+            self.scheduler.step()
+        self.step += 1
+        self.loader_position = self.loader.state_dict()
+        step_s = time.perf_counter() - start
+        self.goodput.add("data", data_s)
+        if verdict != OK:
+            self.goodput.add("lost", step_s - data_s)
+        elif t.compile and self.step == first_step + 1:
+            self.goodput.add("startup", step_s - data_s)  # mostly compiling the blocks
+        else:
+            self.goodput.add("productive", step_s - data_s)
+        positions = sum(b["document_ids"].numel() for b in batches) * self.env.world_size
+        tokens = positions - int(agreed[1])
+        self.tokens_total += tokens
+        self.metrics.step(
+            tokens=tokens,
+            positions=positions,
+            padding=int(agreed[1]),
+            loss=loss if verdict == OK else None,
+            step_time=step_s,
+            data_time=data_s,
+        )
+        if verdict != OK:
+            self.log(f"step {self.step}: loss {loss:.4g} rejected by the loss guard")
+        if verdict == ROLLBACK:
+            self._rollback()
+            return None
+        if self.step % t.log_every == 0 or self.step in (first_step + 1, t.steps):
+            self._log_step(grad_norm, lr)
+        if every and self.step % every == 0 and self.step < t.steps:
+            self.save()
+        if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps:
+            self.evaluate()
+        return None
 
     def _rollback(self) -> None:
         found = self.checkpointer.find(warn=self.log)

@@ -9,7 +9,6 @@ Run it under torchrun for several processes; only rank 0 writes logs and checkpo
 """
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -150,6 +149,7 @@ def load_checkpoint_model(cfg, run_dir: Path, env, log):
 def evaluate_job(cfg, run_dir, env, log) -> int:
     from trainer import evaluate
     from trainer.config import train_dtype
+    from trainer.data.files import json_bytes, write_atomic
 
     model, meta, path = load_checkpoint_model(cfg, run_dir, env, log)
     dataset = meta["dataset"] if Path(meta["dataset"]).exists() else None
@@ -167,7 +167,7 @@ def evaluate_job(cfg, run_dir, env, log) -> int:
     if env.is_main:
         report = dict(result._asdict(), checkpoint=str(path), step=meta["step"])
         report.update(choice_accuracy=accuracy, choice_questions=asked)
-        _write_json(run_dir / "eval.json", report)
+        write_atomic(str(run_dir / "eval.json"), json_bytes(report))
     return EXIT_OK
 
 
@@ -195,15 +195,6 @@ def generate_job(cfg, run_dir, env, log) -> int:
         print(g.prompt + tokenizer.decode(new), flush=True)
     log(f"generated {len(new)} tokens at {tokens_per_s:,.1f} tokens/s on {env.device.type}")
     return EXIT_OK
-
-
-def _write_json(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def parse_args(argv):
@@ -254,16 +245,25 @@ def _run(args) -> int:
         client = ProgressClient(args.launcher, log=log)
     identity = {"job_id": args.job_id, "attempt": args.attempt}
     try:
+        if client is not None:  # precooking can take a while: say the job is alive
+            from protos import progress_pb2
+
+            phase = {"EVAL": "eval", "GENERATE": "generate"}.get(kind, "precook")
+            started = progress_pb2.Progress(phase=phase, message="started", **identity)
+            client.send(started)
         if kind == "PRECOOK":
-            ds = precook(cfg, run_dir, env, log)
-            log(f"precooked: {json.dumps(ds.manifest.get('stats', {}))}")
+            counts = precook(cfg, run_dir, env, log).manifest["counts"]
+            log(
+                f"precooked {counts['documents']:,} documents, {counts['tokens']:,} tokens "
+                f"in {counts['rows']:,} rows ({counts['padding_tokens']:,} padding tokens)"
+            )
             return EXIT_OK
         if kind in ("PRETRAIN", "SFT"):
             return train(cfg, kind, run_dir, env, identity, log, client)
         if kind == "EVAL":
             return evaluate_job(cfg, run_dir, env, log)
         return generate_job(cfg, run_dir, env, log)
-    except PrecookError as e:
+    except (PrecookError, config.ConfigError) as e:
         raise BadInput(str(e)) from e
     except Exception:
         log(f"FAILED:\n{traceback.format_exc()}")

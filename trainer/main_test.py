@@ -106,3 +106,11 @@ def test_bad_config_exits_2_naming_the_field_before_any_work(tmp_path, capsys, c
     assert code == main.EXIT_BAD_CONFIG
     assert message in capsys.readouterr().err
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
+
+
+def test_precook_job_only_precooks(trained, capsys):
+    _, root, _ = trained
+    job = write_job(root / "precook.yaml", tiny_job(root / "cache", kind="PRECOOK"))
+    assert main.main(["--config", str(job), "--run-dir", str(root / "precook-run")]) == 0
+    assert "cache hit" in capsys.readouterr().out  # the pretrain job's data, found again
+    assert not (root / "precook-run" / "checkpoints").exists()

@@ -110,6 +110,7 @@ class MetricsLogger:
         self.log = log
         self.sinks = []  # callables taking a Progress (the launcher stream)
         self.identity = {}  # job_id, attempt, total_steps
+        self.warned_mfu = False
         self._reset()
 
     def _reset(self) -> None:
@@ -141,6 +142,13 @@ class MetricsLogger:
             per_device = p.tokens_per_second / self.world_size
             p.tflops = flops.achieved_flops_per_second(per_device, self.flops_per_token) / 1e12
             p.mfu = flops.mfu(per_device, self.flops_per_token, self.peak)
+            if p.mfu > 1 and not self.warned_mfu:
+                self.warned_mfu = True
+                self.log(
+                    f"WARNING: MFU {p.mfu:.0%} exceeds the {self.basis} peak "
+                    f"({self.peak / 1e12:.3g} TFLOP/s): the device was busier during the "
+                    "start-up calibration than now, so MFU reads high on this run"
+                )
             p.mfu_basis = self.basis
             p.padding_fraction = self.padding / max(self.positions, 1)
         self.write(p)

@@ -63,3 +63,15 @@ def test_loss_curves_keep_the_last_value_of_a_redone_step(tmp_path):
     train, heldout = loss_curves(read_records(tmp_path))
     assert train == {1: 5.0, 2: 3.5} and heldout == {2: 3.9}
     assert plot_loss(tmp_path).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_mfu_above_the_calibrated_peak_is_flagged_once(tmp_path):
+    said = []
+    m = MetricsLogger(
+        tmp_path, is_main=True, model_flops_per_token=1e6, peak=(1e6, "measured"),
+        world_size=1, log=said.append,
+    )  # fmt: skip
+    for step in (1, 2):
+        m.step(tokens=100, positions=100, padding=0, loss=1.0, step_time=0.1, data_time=0.0)
+        assert m.emit(step=step).mfu > 1
+    assert len(said) == 1 and "exceeds the measured peak" in said[0]

@@ -1,8 +1,9 @@
 """loss.png: the train and eval loss curves of a run, from its metrics.jsonl."""
 
-import os
+import io
 from pathlib import Path
 
+from trainer.data.files import write_atomic
 from trainer.metrics import read_records
 
 
@@ -40,11 +41,9 @@ def plot_loss(run_dir) -> Path | None:
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path = Path(run_dir) / "loss.png"
-    tmp = path.with_name(f".loss.png.{os.getpid()}.tmp")
-    fig.savefig(tmp, format="png")
+    png = io.BytesIO()
+    fig.savefig(png, format="png")
     plt.close(fig)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    path = Path(run_dir) / "loss.png"
+    write_atomic(str(path), png.getvalue())
     return path

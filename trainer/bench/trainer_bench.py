@@ -51,35 +51,6 @@ class Clock:
         return timed
 
 
-def trainer_round(cfg, ds, env, warmup: int, steps: int, log_every: int) -> dict:
-    """Steps/s of the real Trainer between its log lines at `warmup` and `warmup + steps`,
-    and the time spent reporting metrics in between."""
-    cfg = copy(cfg)
-    cfg.train.steps = warmup + steps
-    cfg.train.log_every = log_every
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = new_trainer(cfg, ds, env, run_dir)
-        stamps, reporting = {}, Clock()
-        trainer.metrics.sinks.append(lambda p: stamps.setdefault(p.step, time.perf_counter()))
-        m = trainer.metrics
-        m.step, m.emit, m.human_line = map(reporting.wrap, (m.step, m.emit, m.human_line))
-        trainer.goodput.add = reporting.wrap(trainer.goodput.add)
-        trainer.log = reporting.wrap(trainer.log)
-        real_peak = loop.peak_memory_bytes
-        loop.peak_memory_bytes = reporting.wrap(real_peak)
-        try:
-            trainer.run()
-        finally:
-            loop.peak_memory_bytes = real_peak
-        # From the first log line after the warm-up to the last one (log lines come every
-        # `log_every` steps, and at the final step).
-        first, last = warmup, warmup + steps
-        # Reporting runs between steps, outside their timing: its share of all step time.
-        stepping = trainer.goodput.seconds["productive"] + trainer.goodput.seconds["data"]
-        steps_per_s = (last - first) / (stamps[last] - stamps[first])
-        return {"steps_per_s": steps_per_s, "reporting_share": reporting.seconds / stepping}
-
-
 def copy(cfg):
     out = type(cfg)()
     out.CopyFrom(cfg)
@@ -91,71 +62,96 @@ def new_trainer(cfg, ds, env, run_dir):
     return loop.Trainer(cfg, "PRETRAIN", run_dir, env, ds.path, vocab, log=quiet)
 
 
-def hand_round(cfg, ds, env, warmup: int, steps: int) -> float:
-    """Steps/s of the plainest loop that trains the same model on the same batches."""
-    model = loop.build_model(cfg, ds.tokenizer.vocab_size, env.device)
-    o = cfg.optim
-    optimizer = torch.optim.AdamW(model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2))
-    loader = PackedRowLoader(ds.path, batch_size=cfg.train.micro_batch, seed=cfg.train.seed)
-    start = None
-    for i in range(warmup + steps):
-        if i == warmup:
-            start = time.perf_counter()
-        b = next(loader)
-        layout = attention_layout(b["document_ids"], env.device, torch.float32)
-        loss = model(b["input_ids"], b["position_ids"], layout, b["labels"])
-        (loss / (b["labels"] != -100).sum()).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), o.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return steps / (time.perf_counter() - start)
+class HandLoop:
+    """The plainest loop that trains the same model on the same batches."""
 
-
-def cpu_bench(cfg, ds, rounds: int, warmup: int, steps: int) -> list[str]:
-    env = DistEnv(0, 1, 0, torch.device("cpu"))
-    ratios, hand, framework, shares = [], [], [], {}
-    for r in range(rounds):
-        # Alternate which goes first, so a machine that speeds up or slows down mid-run
-        # does not favour one side.
-        order = ("hand", "trainer") if r % 2 == 0 else ("trainer", "hand")
-        result = {}
-        for side in order:
-            if side == "hand":
-                result["hand"] = hand_round(cfg, ds, env, warmup, steps)
-            else:
-                t = trainer_round(cfg, ds, env, warmup, steps, cfg.train.log_every)
-                result["trainer"] = t["steps_per_s"]
-                shares.setdefault(cfg.train.log_every, []).append(t["reporting_share"])
-        hand.append(result["hand"])
-        framework.append(result["trainer"])
-        ratios.append(result["trainer"] / result["hand"])
-        print(
-            f"round {r + 1}/{rounds}: trainer {result['trainer']:.3f} steps/s, hand loop "
-            f"{result['hand']:.3f} steps/s, ratio {ratios[-1]:.3f}",
-            file=sys.stderr,
+    def __init__(self, cfg, ds, env):
+        self.model = loop.build_model(cfg, ds.tokenizer.vocab_size, env.device)
+        o = cfg.optim
+        self.clip = o.grad_clip
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=o.lr, betas=(o.beta1, o.beta2)
         )
-    worst = trainer_round(cfg, ds, env, warmup, steps, 1)
-    shares.setdefault(1, []).append(worst["reporting_share"])
+        self.loader = PackedRowLoader(
+            ds.path, batch_size=cfg.train.micro_batch, seed=cfg.train.seed
+        )
+        self.device = env.device
+
+    def advance(self) -> None:
+        b = next(self.loader)
+        layout = attention_layout(b["document_ids"], self.device, torch.float32)
+        loss = self.model(b["input_ids"], b["position_ids"], layout, b["labels"])
+        (loss / (b["labels"] != -100).sum()).backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def instrument(trainer) -> Clock:
+    """A Clock of the time the Trainer spends reporting: step stats, goodput, log records."""
+    reporting = Clock()
+    # The outermost reporting calls of a step (nested ones would count twice).
+    trainer.metrics.step = reporting.wrap(trainer.metrics.step)
+    trainer.goodput.add = reporting.wrap(trainer.goodput.add)
+    trainer._log_step = reporting.wrap(trainer._log_step)
+    return reporting
+
+
+def cpu_bench(cfg, ds, warmup: int, steps: int) -> list[str]:
+    """Steps of the hand loop and of two Trainers (logging every 10 steps and every step)
+    interleaved one by one, in rotating order: a machine whose load changes from minute to
+    minute slows all three alike, so their ratios hold even when absolute speeds do not."""
+    env = DistEnv(0, 1, 0, torch.device("cpu"))
+    times = {"hand": [], 10: [], 1: []}
+    reporting = {}
+    with tempfile.TemporaryDirectory() as run_dir:
+        sides = {"hand": HandLoop(cfg, ds, env).advance}
+        for every in (10, 1):
+            run = copy(cfg)
+            run.train.steps, run.train.log_every = 10**9, every
+            trainer = new_trainer(run, ds, env, Path(run_dir) / str(every))
+            reporting[every] = instrument(trainer)
+            sides[every] = trainer.advance
+        order = list(sides)
+        for i in range(warmup + steps):
+            if i == warmup:
+                for clock in reporting.values():
+                    clock.seconds = 0.0
+            for side in order[i % 3 :] + order[: i % 3]:
+                start = time.perf_counter()
+                sides[side]()
+                if i >= warmup:
+                    times[side].append(time.perf_counter() - start)
+    hand = statistics.median(times["hand"])
     m = cfg.model
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     lines = [
-        f"Model: {m.n_layers} layers, dim {m.dim}, {m.n_heads} heads, seq {cfg.data.seq_len}, "
-        f"micro-batch {cfg.train.micro_batch}, fp32; {rounds} alternating rounds of {steps} "
-        f"timed steps after {warmup} warm-up steps.",
+        f"Model: the default tiny config ({m.n_layers} layers, dim {m.dim}, {m.n_heads} heads, "
+        f"seq {cfg.data.seq_len}, micro-batch {cfg.train.micro_batch}, fp32) on the precooked "
+        f"standard library. {steps} timed steps of each side after {warmup} warm-up steps, "
+        "interleaved one step at a time in rotating order. Load average at the end "
+        f"(1, 5, 15 min): {load} on {os.cpu_count()} CPUs: other jobs shared the machine, so "
+        "absolute step times are slower than on an idle one; the ratios are what to read.",
         "",
-        "| measure | median | min | max |",
-        "|---|---|---|---|",
-        _row("hand-written loop, steps/s", hand),
-        _row("Trainer, steps/s", framework),
-        _row("Trainer / hand loop (goal >= 0.97)", ratios),
+        "| side | median step | mean step | steps/s (median) | vs hand loop (goal >= 0.97) "
+        "| metrics reporting, % of step time (goal < 1%) |",
+        "|---|---|---|---|---|---|",
     ]
-    for every, values in sorted(shares.items()):
-        name = f"metrics reporting, % of step time, log every {every} (goal < 1%)"
-        lines.append(_row(name, [100 * v for v in values]))
+    for side, label in (
+        ("hand", "hand-written loop"),
+        (10, "Trainer, log every 10"),
+        (1, "Trainer, log every step"),
+    ):
+        median, mean = statistics.median(times[side]), statistics.fmean(times[side])
+        share = (
+            f"{100 * reporting[side].seconds / sum(times[side]):.3f}%" if side != "hand" else "-"
+        )
+        ratio = f"{hand / median:.3f}" if side != "hand" else "1"
+        lines.append(
+            f"| {label} | {median * 1e3:,.1f} ms | {mean * 1e3:,.1f} ms | {1 / median:.3f} "
+            f"| {ratio} | {share} |"
+        )
     return lines
-
-
-def _row(name: str, values: list[float]) -> str:
-    return f"| {name} | {statistics.median(values):.3f} | {min(values):.3f} | {max(values):.3f} |"
 
 
 def gpu_bench(args, cache_dir: str) -> list[str]:
@@ -214,9 +210,8 @@ def on_off(text: str) -> list[bool]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cache-dir", default=".state/precook", help="precooked datasets")
-    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--steps", type=int, default=60)
     p.add_argument("--out", help="also write the Markdown report here")
     p.add_argument("--seq", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192])
     p.add_argument("--kernels", type=on_off, default=[True, False])
@@ -231,19 +226,17 @@ def main() -> int:
         "# Trainer benchmark",
         "",
         f"{datetime.date.today().isoformat()}, {platform.node()} ({platform.machine()}, "
-        f"{os.cpu_count()} CPUs), {torch.get_num_threads()} torch threads, "
+        f"{os.cpu_count()} CPUs), torch threads: {torch.get_num_threads()}, "
         f"torch {torch.__version__}, Python {platform.python_version()}.",
         f"Command: `{' '.join(sys.argv)}`",
         "",
     ]
     if not args.skip_cpu:
-        if args.warmup % 10 or args.steps % 10:
-            p.error("--warmup and --steps must be multiples of 10 (the Trainer logs every 10)")
         cfg = config.resolve(trainer_config_pb2.TrainerConfig())  # the default tiny model
         cfg.train.eval_every = cfg.checkpoint.every_steps = 0
         ds = precook_dataset(cfg.data, args.cache_dir, show_progress=True)
         lines += ["## CPU: framework overhead", ""]
-        lines += cpu_bench(cfg, ds, args.rounds, args.warmup, args.steps)
+        lines += cpu_bench(cfg, ds, args.warmup, args.steps)
         lines.append("")
     lines.append("## GPU: MFU of a ~1B model on packed rows")
     lines.append("")
