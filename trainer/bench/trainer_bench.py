@@ -186,13 +186,18 @@ def gpu_bench(args, cache_dir: str) -> list[str]:
 
 
 def gpu_row(cfg, ds, env, warmup: int) -> str:
+    """Steps driven one by one (no final checkpoint of a 1B model to wait for), logged each
+    step; the median over the steps after the warm-up (which includes compilation)."""
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = new_trainer(cfg, ds, env, run_dir)
         records = []
         trainer.metrics.sinks.append(records.append)
-        trainer.run()
+        while trainer.step < cfg.train.steps:
+            trainer.advance()
         params = sum(p.numel() for p in trainer.model.parameters())
-    timed = [p for p in records if p.phase == "train" and p.tokens_per_second][warmup:]
+        del trainer
+        torch.cuda.empty_cache()
+    timed = [p for p in records if p.phase == "train"][warmup:]
     mfu = statistics.median(p.mfu for p in timed)
     return (
         f"| {cfg.data.seq_len} | {'on' if cfg.model.use_kernels else 'off'} | "
