@@ -1,10 +1,10 @@
 """Held-out loss and perplexity, and a multiple-choice accuracy built offline from held-out text.
 
-The multiple-choice task needs no download: from documents of the eval split, each question
-is the first CONTEXT tokens of a document and CHOICES candidate continuations of CONTEXT
-tokens: the document's own, and the same span of other held-out documents. The model picks the
-candidate with the highest log-likelihood. Chance is 1/CHOICES; a model that learned
-something about the text does better.
+The multiple-choice task needs no download: from documents of the eval split (or chunks of
+the long ones, as precook packed them), each question is the first CONTEXT tokens of one and
+CHOICES candidate continuations of CONTEXT tokens: its own, and the same span of others. The
+model picks the candidate whose likelihood the context raises most. Chance is 1/CHOICES; a
+model that learned something about the text does better.
 """
 
 import math
@@ -78,45 +78,58 @@ def heldout_loss(model, dataset_path, cfg, env, dtype) -> HeldoutLoss | None:
 
 
 def _documents(loader, batches: int, min_len: int) -> list[torch.Tensor]:
-    """Token runs of whole documents (at least `min_len` long) from the first batches."""
+    """Token runs of the segments (documents, or chunks of long ones) at least `min_len` long
+    in the first batches."""
     docs = []
-    it = iter(loader)
     for _ in range(batches):
-        b = next(it)
-        for ids, doc, pos in zip(b["input_ids"], b["document_ids"], b["position_ids"], strict=True):
+        b = next(loader)
+        for ids, doc in zip(b["input_ids"], b["document_ids"], strict=True):
             for d in doc.unique().tolist():
                 where = (doc == d).nonzero().flatten()
-                # Only documents that start in this row (position 0): their true beginning.
-                if d >= 0 and len(where) >= min_len and int(pos[where[0]]) == 0:
+                if d >= 0 and len(where) >= min_len:
                     docs.append(ids[where])
     return docs
 
 
+def _log_likelihood(model, prefix: torch.Tensor, candidates: torch.Tensor, device, dtype):
+    """log p(candidate | prefix) for each row of `candidates` (n, L) after `prefix` (P,)."""
+    ids = torch.cat([prefix.expand(len(candidates), -1), candidates], dim=1).to(device)
+    positions = torch.arange(ids.shape[1], device=device).expand(len(ids), -1)
+    with _autocast(device, dtype):
+        logits = model(ids, positions)
+    logp = F.log_softmax(logits[:, len(prefix) - 1 : -1].float(), dim=-1)
+    return logp.gather(-1, ids[:, len(prefix) :, None]).sum(dim=(1, 2))
+
+
 @torch.no_grad()
-def choice_accuracy(model, dataset_path, cfg, env, dtype, questions: int = 64):
+def choice_accuracy(model, dataset_path, cfg, env, dtype, questions: int = 128):
     """(accuracy, questions asked) of the continuation-choice task; (nan, 0) if the eval
-    split has too few long documents."""
+    split has too few long documents.
+
+    A candidate's score is how much the context raises its likelihood: log p(c | context) -
+    log p(c | <bos>). Raw log p(c | context) mostly measures how ordinary a candidate is (a
+    run of blank lines beats any real code), which hides what the context taught the model.
+    """
+    from trainer.data.tokenizer import load_tokenizer
+
     loader = _eval_loader(dataset_path, cfg, env)
     if loader is None:
         return math.nan, 0
     docs = _documents(loader, min(len(loader), 4 * cfg.train.eval_batches), 2 * CONTEXT)
     if len(docs) < CHOICES:
         return math.nan, 0
+    bos = torch.tensor([load_tokenizer(str(dataset_path)).bos_id])
     was_training = model.training
     model.eval()
     g = torch.Generator().manual_seed(cfg.train.seed)
     correct = asked = 0
-    positions = torch.arange(2 * CONTEXT, device=env.device).expand(CHOICES, -1)
     for i in range(min(questions, len(docs))):
         others = [j for j in torch.randperm(len(docs), generator=g).tolist() if j != i]
         candidates = [docs[i][CONTEXT : 2 * CONTEXT]]
         candidates += [docs[j][CONTEXT : 2 * CONTEXT] for j in others[: CHOICES - 1]]
-        context = docs[i][:CONTEXT].expand(CHOICES, -1)
-        ids = torch.cat([context, torch.stack(candidates)], dim=1).to(env.device)
-        with _autocast(env.device, dtype):
-            logits = model(ids, positions)
-        logp = F.log_softmax(logits[:, CONTEXT - 1 : -1].float(), dim=-1)
-        score = logp.gather(-1, ids[:, CONTEXT:, None]).sum(dim=(1, 2))
+        candidates = torch.stack(candidates)
+        score = _log_likelihood(model, docs[i][:CONTEXT], candidates, env.device, dtype)
+        score -= _log_likelihood(model, bos, candidates, env.device, dtype)
         correct += int(score.argmax()) == 0
         asked += 1
     model.train(was_training)

@@ -87,7 +87,6 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
         self.pos = 0
-        self.max_len = max_len
 
 
 class RMSNorm(nn.Module):
@@ -193,23 +192,21 @@ class Block(nn.Module):
         self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim, ops)
         self.recompute = recompute  # "NONE", "SELECTIVE" (attention) or "FULL" (the block)
 
-    def _attend(self, x, cos, sin, layout):
-        return self.attention(self.attention_norm(x), cos, sin, layout)
+    def _attend(self, x, cos, sin, layout, cache=None, layer=0):
+        return self.attention(self.attention_norm(x), cos, sin, layout, cache, layer)
 
-    def _forward(self, x, cos, sin, layout):
+    def _forward(self, x, cos, sin, layout, cache=None, layer=0):
         if self.recompute == "SELECTIVE" and torch.is_grad_enabled():
             h = x + checkpoint(self._attend, x, cos, sin, layout, use_reentrant=False)
         else:
-            h = x + self._attend(x, cos, sin, layout)
+            h = x + self._attend(x, cos, sin, layout, cache, layer)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def forward(self, x, cos, sin, layout: Layout, cache: KVCache | None = None, layer=0):
-        if cache is not None:
-            h = x + self.attention(self.attention_norm(x), cos, sin, layout, cache, layer)
-            return h + self.feed_forward(self.ffn_norm(h))
+        """`cache` (generation, no gradients) holds the keys and values of layer `layer`."""
         if self.recompute == "FULL" and torch.is_grad_enabled():
             return checkpoint(self._forward, x, cos, sin, layout, use_reentrant=False)
-        return self._forward(x, cos, sin, layout)
+        return self._forward(x, cos, sin, layout, cache, layer)
 
 
 class Transformer(nn.Module):
