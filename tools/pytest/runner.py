@@ -1,8 +1,8 @@
 """The `main` of every pytest_test: runs pytest on the target's test files inside Bazel.
 
 Bazel reads the JUnit XML from $XML_OUTPUT_FILE; pytest's cache is off and its temporary
-directories live in $TEST_TMPDIR, because a test must not depend on a previous run. Exit code 5 ("no tests ran")
-is a failure: a test target that collects nothing is a mistake.
+directories live in $TEST_TMPDIR, because a test must not depend on a previous run.
+Exit code 5 ("no tests ran") is a failure: a test target that collects nothing is a mistake.
 """
 
 import os
