@@ -4,8 +4,11 @@ Training", appendix A): the batch size, in tokens, beyond which a bigger batch b
 Each step gives two gradient norms of the same weights: one micro-batch (B_small tokens) and
 the whole step (B_big tokens). From them, unbiased estimates of the true gradient's squared
 norm |G|^2 and of the per-token noise trace S follow; B_simple = S / |G|^2, with both
-smoothed by an exponential moving average before dividing, as the paper does.
+smoothed by an exponential moving average before dividing, as the paper does. The estimator
+itself is the one the sizing tools use (trainer.sizing.batch).
 """
+
+from trainer.sizing.batch import noise_scale_from_two_batches
 
 DECAY = 0.95
 
@@ -19,8 +22,7 @@ class GradientNoiseScale:
         """Squared norms of the mean per-token gradient over b_small and b_big tokens."""
         if not 0 < b_small < b_big:
             return
-        g2 = (b_big * big_sq - b_small * small_sq) / (b_big - b_small)
-        s = (small_sq - big_sq) / (1 / b_small - 1 / b_big)
+        g2, s = noise_scale_from_two_batches(b_small, small_sq, b_big, big_sq)
         self.g2 = DECAY * self.g2 + (1 - DECAY) * g2
         self.s = DECAY * self.s + (1 - DECAY) * s
         self.weight = DECAY * self.weight + (1 - DECAY)
