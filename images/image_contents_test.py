@@ -1,5 +1,6 @@
 """The built trainer and launcher images: valid layouts, the intended layer split and labels."""
 
+import functools
 import os
 import subprocess
 import tarfile
@@ -13,9 +14,20 @@ APP = "opt/kitchen/app/"
 SITE = "opt/kitchen/site-packages/"
 
 
+@functools.cache
+def scan_layer(layout: str, digest: str) -> tuple[list[str], dict[str, str]]:
+    """One pass over a layer: its member names and the text of its pip RECORD files."""
+    names, records = [], {}
+    with tarfile.open(oci.blob_path(layout, digest), mode="r|gz") as tar:
+        for member in tar:
+            names.append(member.name)
+            if member.name.endswith(".dist-info/RECORD"):
+                records[member.name] = tar.extractfile(member).read().decode()
+    return names, records
+
+
 def layer_names(layout: str, descriptor: dict) -> list[str]:
-    with tarfile.open(oci.blob_path(layout, descriptor["digest"])) as tar:
-        return tar.getnames()
+    return scan_layer(layout, descriptor["digest"])[0]
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +86,19 @@ def test_dependency_layers_carry_deterministic_bytecode(images):
         header = tar.extractfile(member).read(16)
     flags = int.from_bytes(header[4:8], "little")
     assert flags == 0b11, "checked-hash .pyc (PEP 552): valid without file timestamps"
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_dependency_layers_hold_nothing_of_the_build_machine(images, name):
+    """No console scripts (their shebangs name the build venv), nor RECORD lines for them."""
+    _, manifest, _ = images[name]
+    for layer in manifest["layers"][1:-1]:
+        names, records = scan_layer(LAYOUTS[name], layer["digest"])
+        assert records, "every dependency layer holds pip RECORD files"
+        assert not any(n.startswith(f"{SITE}bin/") for n in names)
+        for record, text in records.items():
+            paths = [line.split(",")[0] for line in text.splitlines()]
+            assert not any(p.startswith(("../", "bin/")) for p in paths), record
 
 
 def test_launcher_image_has_no_torch_and_no_trainer(images):

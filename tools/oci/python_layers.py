@@ -13,13 +13,15 @@ interpreter, which must match the image's Python minor version), minus what the 
 `below` already hold. Every package is installed at its locked version with
 `pip install --no-deps --target` (wheels only), byte-compiled with checked-hash .pyc files
 (deterministic, with the image's paths as file names), split by each package's RECORD, and
-written as a reproducible layer. Output: a cache directory, keyed by the lock, the spec, this
+written as a reproducible layer. Console scripts and their RECORD lines are left out: their
+shebangs name the build machine's venv. Output: a cache directory, keyed by the lock, the spec, this
 code and the interpreter, holding <layer>.tar.gz, <layer>.json (descriptor) and
 <layer>.packages.txt; its path is the last line printed.
 """
 
 import argparse
 import concurrent.futures
+import csv
 import fcntl
 import hashlib
 import importlib.metadata
@@ -125,16 +127,34 @@ def closure(roots: list[str], installed: dict) -> set[str]:
     return seen
 
 
-def dist_entries(site: str, dist, prefix: str) -> list[layer_tar.Entry]:
+def shipped(rel: str) -> bool:
+    """Console scripts (bin/) stay out: their shebangs name this machine's venv."""
+    rel = os.path.normpath(rel)
+    return not (rel.startswith("..") or rel.startswith("bin" + os.sep))
+
+
+def trimmed_record(path: str, out: str) -> str:
+    """A copy of RECORD without the scripts left out, whose hashes cover the venv's path."""
+    with open(path, newline="") as f:
+        lines = [line for line in f if shipped(next(csv.reader([line]))[0])]
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w", newline="") as f:
+        f.writelines(lines)
+    return out
+
+
+def dist_entries(site: str, dist, prefix: str, scratch: str) -> list[layer_tar.Entry]:
     """The files pip recorded for one package, plus the .pyc compiled next to each module."""
     entries = []
     for record in dist.files or []:
         rel = os.path.normpath(str(record))
-        if rel.startswith("..") or rel.startswith("bin" + os.sep):
-            continue  # console scripts: their shebangs name this machine's venv
+        if not shipped(rel):
+            continue
         source = os.path.join(site, rel)
         if not os.path.exists(source):
             continue
+        if rel.endswith(".dist-info" + os.sep + "RECORD"):
+            source = trimmed_record(source, os.path.join(scratch, rel))
         entries.append(layer_tar.Entry(os.path.join(prefix, rel), source=source))
         if rel.endswith(".py"):
             pyc = importlib.util.cache_from_source(source)
@@ -193,7 +213,7 @@ def build(spec: dict, pins: dict[str, str], only: list[str], out: str) -> None:
         entries = []
         for package in packages:
             site, dist = installed[package]
-            entries += dist_entries(site, dist, prefix)
+            entries += dist_entries(site, dist, prefix, os.path.join(work, "records"))
         jobs[name] = entries
 
     sys.stderr.write(f"python layers: writing {len(jobs)} layers (gzip, ~1 min for torch)\n")

@@ -1,9 +1,12 @@
-"""Runs a command inside an OCI image layout, without a container daemon.
+"""Runs a command inside an OCI image, without a container daemon.
 
-    run_image.py --layout DIR [--runtime bwrap|runc] [--bind SRC[:DST]]... [--env K=V]...
-                 [--workdir DIR] [--entrypoint CMD] [--cache-dir DIR] [--unpack-only] [-- ARGS...]
+    run_image.py (--layout DIR | --image HOST/NAME[:TAG|@sha256:...]) [--runtime bwrap|runc]
+                 [--bind SRC[:DST]]... [--env K=V]... [--workdir DIR] [--entrypoint CMD]
+                 [--cache-dir DIR] [--unpack-only] [-- ARGS...]
 
-The image is unpacked once (`umoci unpack`) into CACHE/<manifest digest>/ and shared by every
+--image pulls from a registry with skopeo into CACHE/pulled/ first (plain HTTP for
+loopback registries); a digest reference is checked against the pulled manifest. The image
+is unpacked once (`umoci unpack`) into CACHE/<manifest digest>/ and shared by every
 run; runs see that rootfs read-only, with a fresh /tmp, the host's network (so a launcher on
 127.0.0.1 is reachable) and the given bind mounts, writable (DST defaults to SRC, so paths in
 ARGS stay valid). Entrypoint, Cmd, Env and WorkingDir come from the image config, as with
@@ -16,6 +19,7 @@ preempted trainer can checkpoint and exit 75.
 
 import argparse
 import fcntl
+import hashlib
 import json
 import os
 import shlex
@@ -26,7 +30,10 @@ import sys
 import tempfile
 import uuid
 
-from tools.oci import layout as oci
+if not __package__:  # run as a file (python3 tools/oci/run_image.py): find the repository root
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from tools.oci import layout as oci  # noqa: E402
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
@@ -75,6 +82,26 @@ def unpack(layout: str, digest: str, cache_dir: str) -> str:
         os.replace(staging, bundle)
         os.rmdir(tmp)
     return bundle
+
+
+def pull(reference: str, cache_dir: str) -> str:
+    """Copies a registry image into an OCI layout under the cache; returns the layout."""
+    layout = os.path.join(cache_dir, "pulled", hashlib.sha256(reference.encode()).hexdigest()[:16])
+    os.makedirs(os.path.dirname(layout), exist_ok=True)
+    tls = "false" if reference.startswith(("127.", "localhost", "[::1]")) else "true"
+    with open(layout + ".lock", "w") as lockfile:
+        fcntl.flock(lockfile, fcntl.LOCK_EX)
+        command = ["skopeo", "copy", "--quiet", "--preserve-digests", f"--src-tls-verify={tls}"]
+        command += [f"docker://{reference}", f"oci:{layout}:{oci.DEFAULT_TAG}"]
+        try:
+            proc = subprocess.run(command, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise SystemExit(
+                "run_image: skopeo is not installed (apt-get install skopeo)"
+            ) from None
+        if proc.returncode != 0:
+            raise SystemExit(f"run_image: could not pull {reference}:\n{proc.stderr.strip()}")
+    return layout
 
 
 def parse_bind(spec: str) -> tuple[str, str]:
@@ -166,8 +193,14 @@ def runc_bundle(bundle: str, command, env, workdir, binds, run_dir: str) -> None
 
 
 def run(args) -> int:
-    digest, _, config = oci.read_image(args.layout)
-    bundle = unpack(os.path.realpath(args.layout), digest, args.cache_dir)
+    if args.image:
+        layout = pull(args.image, args.cache_dir)
+        wanted = args.image.partition("@")[2] or None
+        digest, _, config = oci.read_image(layout, wanted)
+    else:
+        layout = os.path.realpath(args.layout)
+        digest, _, config = oci.read_image(layout)
+    bundle = unpack(layout, digest, args.cache_dir)
     rootfs = os.path.join(bundle, "rootfs")
     if args.unpack_only:
         print(rootfs)
@@ -230,7 +263,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--layout", required=True, help="OCI image layout directory")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--layout", help="OCI image layout directory")
+    source.add_argument(
+        "--image", help="registry reference, e.g. 127.0.0.1:5000/kitchen/trainer@sha256:..."
+    )
     parser.add_argument("--runtime", choices=["bwrap", "runc"], default="bwrap")
     parser.add_argument(
         "--bind", action="append", default=[], metavar="SRC[:DST]", help="writable bind mount"

@@ -110,3 +110,57 @@ def test_missing_bind_source_is_named(cache_dir, tmp_path):
     proc = run_image(cache_dir, "--bind", str(tmp_path / "nope"), "--", "x", "exit:0")
     assert proc.returncode != 0
     assert f"{tmp_path / 'nope'} does not exist" in proc.stderr
+
+
+def test_image_from_a_registry_by_digest(cache_dir, tmp_path):
+    with testing.local_registry(tmp_path / "registry") as registry:
+        pushed = testing.run_module(
+            "tools.oci.push",
+            "--layout",
+            LAYOUT,
+            "--repository",
+            "kitchen/job",
+            "--registry",
+            registry,
+        )
+        reference = pushed.stdout.strip().splitlines()[-1]
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        command = [sys.executable, "-m", "tools.oci.run_image", "--image", reference]
+        command += [
+            "--cache-dir",
+            str(cache_dir),
+            "--bind",
+            str(run_dir),
+            "--",
+            str(run_dir),
+            "report",
+        ]
+        env = dict(os.environ, PYTHONPATH=testing.pythonpath())
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((run_dir / "report.json").read_text())["env"]["JOB_KIND"] == "test"
+
+
+def test_runs_as_a_plain_file_outside_bazel(cache_dir, tmp_path):
+    """The launcher calls `python3 tools/oci/run_image.py`: no PYTHONPATH needed."""
+    script = Path(testing.REPO_ROOT) / "tools" / "oci" / "run_image.py"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--layout",
+            LAYOUT,
+            "--cache-dir",
+            str(cache_dir),
+            "--",
+            "x",
+            "exit:7",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 7, proc.stderr

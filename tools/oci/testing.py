@@ -14,13 +14,13 @@ from pathlib import Path
 
 from tools.oci import layout as oci
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(os.path.abspath(__file__)).parents[2]
 MANIFEST_ACCEPT = ", ".join([oci.MANIFEST_MEDIA_TYPE, oci.INDEX_MEDIA_TYPE])
 
 
 def pythonpath() -> str:
     """PYTHONPATH for subprocesses running tools.oci modules (in Bazel's runfiles or a checkout)."""
-    here = str(Path(__file__).resolve().parents[2])
+    here = str(REPO_ROOT)
     return os.pathsep.join(p for p in [here, os.environ.get("PYTHONPATH", "")] if p)
 
 
