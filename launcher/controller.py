@@ -343,7 +343,8 @@ class Controller:
         self._track(job, now)
         self.metrics.attempt_started(job, waited)
         try:
-            launch = Launch(job, self._argv(job), self._env(token), handle)
+            args = self._trainer_args(job)
+            launch = Launch(job, [*self.cfg.trainer_cmd, *args], self._env(token), handle, args)
             handle, status = self.executors[job.pool].start(launch)
         except Exception as e:
             log.exception("%s: could not start attempt %d", job.id, job.attempts)
@@ -356,7 +357,7 @@ class Controller:
         log.info("%s: attempt %d %s", job.id, job.attempts, _state(job).lower())
         self.events.publish(job.id)
 
-    def _argv(self, job):
+    def _trainer_args(self, job):
         os.makedirs(job.run_dir, exist_ok=True)
         spec = job_pb2.JobSpec()
         spec.CopyFrom(job.spec)
@@ -364,7 +365,6 @@ class Controller:
         spec_path = os.path.join(job.run_dir, "job.json")
         write_json_atomically(spec_path, json.loads(json_format.MessageToJson(spec)))
         return [
-            *self.cfg.trainer_cmd,
             "--spec", spec_path, "--run-dir", job.run_dir, "--launcher", self.cfg.advertise,
             "--job-id", job.id, "--attempt", str(job.attempts),
         ]  # fmt: skip

@@ -46,10 +46,10 @@ class StateDirBusy(RuntimeError):
 
 def _executor(pool, cfg):
     if pool.executor == launcher_pb2.SLURM:
-        return SlurmExecutor(pool.slurm, list(cfg.torchrun_cmd))
+        return SlurmExecutor(pool.slurm, list(cfg.torchrun_cmd), images=cfg.images)
     if pool.executor == launcher_pb2.KUBERNETES:
         return KubernetesExecutor(pool, list(cfg.torchrun_cmd), cfg.kill_grace_seconds)
-    return LocalExecutor(list(cfg.torchrun_cmd))
+    return LocalExecutor(list(cfg.torchrun_cmd), images=cfg.images)
 
 
 def _host_port(address: str):

@@ -57,6 +57,17 @@ def default_trainer_cmd() -> list:
     return [sys.executable, "-m", "trainer.main"]
 
 
+def default_run_image_cmd() -> list:
+    """The image runner from the runfiles (`//tools/oci:run_image` is a data dependency of
+    `//launcher:settings`), else `python tools/oci/run_image.py` from the source tree."""
+    for runfiles in _runfiles_dirs():
+        candidate = os.path.join(runfiles, WORKSPACE, "tools", "oci", "run_image")
+        if os.access(candidate, os.X_OK):
+            return [candidate]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return [sys.executable, os.path.join(root, "tools", "oci", "run_image.py")]
+
+
 def trainer_env() -> dict:
     """Environment a trainer started from here needs to import the same modules."""
     return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
@@ -97,6 +108,14 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
             out.trainer_cmd[i] = user_path(arg)
     if not out.torchrun_cmd:
         out.torchrun_cmd.extend([sys.executable, "-m", "torch.distributed.run"])
+    images = out.images
+    if not images.run_image_cmd:
+        images.run_image_cmd.extend(default_run_image_cmd())
+    images.runtime = images.runtime or "bwrap"
+    if images.runtime not in ("bwrap", "runc"):
+        raise ConfigError("images.runtime", f"{images.runtime!r}: use bwrap or runc")
+    for i, path in enumerate(images.binds):
+        images.binds[i] = user_path(path)
     out.hang_timeout_seconds = out.hang_timeout_seconds or DEFAULT_HANG_TIMEOUT_SECONDS
     out.kill_grace_seconds = out.kill_grace_seconds or DEFAULT_KILL_GRACE_SECONDS
     out.metrics_retention_seconds = out.metrics_retention_seconds or DEFAULT_RETENTION_SECONDS

@@ -6,6 +6,7 @@ can be known before a job is queued, so a broken job fails in the submit call, n
 
 import re
 
+from launcher.executors import image
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError
 
@@ -69,6 +70,12 @@ def validate(spec: job_pb2.JobSpec, cfg: launcher_pb2.LauncherConfig) -> str:
         raise ConfigError("hang_timeout_seconds", f"{spec.hang_timeout_seconds} is negative")
     if pool.executor == launcher_pb2.KUBERNETES and not (spec.image or pool.kubernetes.image):
         raise ConfigError("image", f"pool {pool.name} runs containers: the job needs an image")
+    if spec.image and pool.executor in (launcher_pb2.LOCAL, launcher_pb2.SLURM):
+        image.check(spec.image)
+        if nodes > 1 or (r.processes_per_node or 1) > 1:
+            raise ConfigError(
+                "image", f"pool {pool.name} runs an image as one process on one node, not torchrun"
+            )
     _check_trainer(spec.trainer)
     return pool.name
 

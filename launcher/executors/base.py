@@ -43,6 +43,8 @@ class Launch:
     argv: list  # the trainer command for one process (torchrun is the executor's business)
     env: dict  # extra environment for the trainer
     handle: dict  # {"attempt_dir", "launched_at"}; start() returns it extended
+    # argv without the host's trainer command: what an image's own trainer entrypoint gets
+    trainer_args: list = dataclasses.field(default_factory=list)
 
     @property
     def attempt_dir(self) -> str:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 
+from launcher.executors import image
 from launcher.executors.attempt_wrapper import DUPLICATE, start_ticks
 from launcher.executors.base import (
     STARTUP_GRACE_SECONDS,
@@ -30,21 +31,24 @@ from launcher.executors.base import (
 class LocalExecutor(Executor):
     kind = "local"
 
-    def __init__(self, torchrun_cmd: list, clock=time.time):
+    def __init__(self, torchrun_cmd: list, clock=time.time, images=None):
         self.torchrun_cmd = torchrun_cmd
         self.clock = clock
+        self.images = images  # kitchen.v1.ImageRunConfig, resolved: for jobs naming an image
         self._children = {}  # attempt_dir -> Popen of the wrappers this process started
 
     def start(self, launch: Launch):
         resources = launch.job.spec.resources
-        argv = launch.argv
-        nproc = resources.processes_per_node or 1
-        if nproc > 1:
-            argv = torchrun(self.torchrun_cmd, argv, nproc, ["--standalone", "--nnodes=1"])
         env = {**os.environ, **launch.env}
         gpus = [g for node in launch.job.allocation for g in node.gpus]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+        argv = launch.argv
+        nproc = resources.processes_per_node or 1
+        if launch.job.spec.image:  # validation allows one process per node here
+            argv = image.command(self.images, launch, env)
+        elif nproc > 1:
+            argv = torchrun(self.torchrun_cmd, argv, nproc, ["--standalone", "--nnodes=1"])
         os.makedirs(launch.attempt_dir, exist_ok=True)
         with open(launch.log_path, "ab") as log:
             popen = subprocess.Popen(

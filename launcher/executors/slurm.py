@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 
+from launcher.executors import image
 from launcher.executors.base import (
     STARTUP_GRACE_SECONDS,
     Executor,
@@ -48,17 +49,22 @@ def _run(argv, env=None) -> str:
 class SlurmExecutor(Executor):
     kind = "slurm"
 
-    def __init__(self, cfg, torchrun_cmd: list, python: str = sys.executable, clock=time.time):
+    def __init__(
+        self, cfg, torchrun_cmd: list, python: str = sys.executable, clock=time.time, images=None
+    ):
         self.cfg = cfg  # kitchen.v1.SlurmPoolConfig
         self.torchrun_cmd = torchrun_cmd
         self.python = python
         self.clock = clock
+        self.images = images  # kitchen.v1.ImageRunConfig, resolved: for jobs naming an image
 
     def _script(self, launch: Launch) -> str:
         r = launch.job.spec.resources
         nodes, nproc = r.nodes or 1, r.processes_per_node or 1
         argv = launch.argv
-        if nodes > 1 or nproc > 1:
+        if launch.job.spec.image:  # validation allows one node and one process here
+            argv = image.command(self.images, launch, launch.env)
+        elif nodes > 1 or nproc > 1:
             rendezvous = [
                 f"--nnodes={nodes}", "--rdzv-backend=c10d",
                 f'--rdzv-endpoint="$head":{RENDEZVOUS_PORT}', f"--rdzv-id={launch.job.id}",

@@ -1,0 +1,66 @@
+"""Jobs that name an image: local and Slurm pools run the trainer inside it (run_image.py).
+
+`JobSpec.image` is either an OCI image layout directory on the launcher's machine, as an
+absolute path (e.g. `/work/main/.bazel/bin/images/trainer.oci`), or a registry reference
+pinned by digest (`HOST/NAME@sha256:<64 hex>`), so every attempt runs the same bytes. The
+image's Entrypoint is the trainer (the trainer contract: `--spec --run-dir --launcher --job-id
+--attempt`), so the host's trainer_cmd is not used. The run dir and the precook cache are
+bind-mounted at their own paths, so the paths in the trainer's arguments stay valid inside.
+"""
+
+import os
+import re
+
+from launcher.executors.base import Launch
+from protos.config_yaml import ConfigError
+
+DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
+# The launch environment a trainer needs; the host's PYTHONPATH is not for the image.
+PASSED_ENV = (
+    "KITCHEN_STATE_DIR",
+    "KITCHEN_LAUNCHER_TOKEN",
+    "KITCHEN_LAUNCHER_TLS_CA",
+    "PYTHONUNBUFFERED",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+def check(image: str):
+    """Raises a ConfigError naming `image` unless it is a layout dir or a digest reference."""
+    if image.startswith("/"):
+        if not os.path.isfile(os.path.join(image, "index.json")):
+            raise ConfigError("image", f"{image}: not an OCI image layout (no index.json)")
+        return
+    if DIGEST_REF.match(image):
+        return
+    if image.startswith(".") or os.path.isdir(image):
+        raise ConfigError("image", f"{image}: give an image layout as an absolute path")
+    raise ConfigError(
+        "image", f"{image}: a registry image must be pinned by digest (NAME@sha256:<64 hex>)"
+    )
+
+
+def command(cfg, launch: Launch, env: dict) -> list:
+    """The run_image.py argv that runs this attempt's trainer in `launch.job.spec.image`.
+
+    `cfg` is the resolved kitchen.v1.ImageRunConfig; `env` the trainer's environment."""
+    image = launch.job.spec.image
+    argv = [*cfg.run_image_cmd, "--layout" if image.startswith("/") else "--image", image]
+    argv += ["--runtime", cfg.runtime]
+    run_dir = launch.job.run_dir
+    binds = [run_dir]
+    if env.get("KITCHEN_STATE_DIR"):
+        precook = os.path.join(env["KITCHEN_STATE_DIR"], "precook")
+        os.makedirs(precook, exist_ok=True)  # a bind mount's source must exist
+        binds.append(precook)
+    if env.get("KITCHEN_LAUNCHER_TLS_CA"):
+        binds.append(env["KITCHEN_LAUNCHER_TLS_CA"])
+    binds += cfg.binds
+    inside = os.path.join(run_dir, "")
+    for path in dict.fromkeys(binds):
+        if path == run_dir or not path.startswith(inside):
+            argv += ["--bind", path]
+    argv += [f"--env={k}={env[k]}" for k in PASSED_ENV if k in env]
+    if cfg.entrypoint:
+        argv += ["--entrypoint", cfg.entrypoint]
+    return [*argv, "--", *launch.trainer_args]

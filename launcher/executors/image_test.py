@@ -1,0 +1,123 @@
+"""Jobs that name an image: a real launcher runs the fake trainer inside the real launcher
+image (bwrap), progress comes back over gRPC from inside, cancel reaches it as SIGTERM; bad
+image values are refused at submit, naming the field."""
+
+import os
+import shlex
+
+import grpc
+import pytest
+
+from launcher import settings
+from launcher.executors.base import Launch, attempt_dir, read_json
+from launcher.executors.slurm import SlurmExecutor
+from launcher.testdata import harness
+from protos import job_pb2
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Under Bazel: //images:launcher (Python, grpc and the protos, no torch); else a built one.
+LAYOUT = os.path.abspath(
+    os.environ.get("LAUNCHER_LAYOUT") or os.path.join(REPO, ".bazel/bin/images/launcher.oci")
+)
+FAKE_TRAINER = os.path.realpath(harness.FAKE_TRAINER)
+DIGEST = "sha256:" + "0" * 64
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")  # the image is unpacked once for this file
+
+
+@pytest.fixture
+def in_image(tmp_path, monkeypatch, cache_dir):
+    """A launcher whose local pool runs jobs naming an image in it, with the fake trainer."""
+    if not os.path.isfile(os.path.join(LAYOUT, "index.json")):
+        pytest.skip(f"{LAYOUT} is not built (bazel build //images:launcher)")
+    monkeypatch.setenv("KITCHEN_CACHE_DIR", str(cache_dir))
+    cfg = harness.config(tmp_path)
+    behaviour = str(tmp_path / "behaviour")
+    cfg.images.entrypoint = f"python3 {FAKE_TRAINER} --behaviour-dir {behaviour}"
+    cfg.images.binds.extend([os.path.dirname(FAKE_TRAINER), behaviour])
+    launcher, client = harness.start(cfg)
+    yield tmp_path, client
+    launcher.stop()
+
+
+def test_a_job_runs_in_the_image_and_reports_progress(in_image):
+    tmp_path, client = in_image
+    harness.behave(tmp_path, "boxed", steps=4, step_seconds=0.05)
+    job_id = client.submit(harness.spec("boxed", steps=4, image=LAYOUT)).id
+    job = harness.wait_for(client, job_id, harness.FINAL, timeout=120)
+    log = open(os.path.join(attempt_dir(job.run_dir, 1), "output.log")).read()
+    assert job.state == job_pb2.SUCCEEDED, log
+    assert job.progress.step == 4  # streamed over gRPC from inside the container
+    assert harness.steps_log(job) == [(1, s) for s in range(1, 5)]
+
+
+def test_cancel_reaches_the_trainer_in_the_image(in_image):
+    tmp_path, client = in_image
+    harness.behave(tmp_path, "long", steps=1000, step_seconds=0.05)
+    job_id = client.submit(harness.spec("long", steps=1000, image=LAYOUT)).id
+    harness.wait_for_step(client, job_id, 2, timeout=120)
+    client.cancel(job_id)
+    job = harness.wait_for(client, job_id, harness.FINAL, timeout=60)
+    assert job.state == job_pb2.CANCELLED
+    attempt = attempt_dir(job.run_dir, 1)
+    log = open(os.path.join(attempt, "output.log")).read()
+    # SIGTERM forwarded into the container: the trainer checkpoints and exits 75 (not 137).
+    assert read_json(os.path.join(attempt, "exit.json"))["code"] == 75, log
+
+
+@pytest.mark.parametrize(
+    "image, problem",
+    [
+        ("/nonexistent/trainer.oci", "not an OCI image layout"),
+        (".bazel/bin/images/trainer.oci", "absolute path"),
+        ("127.0.0.1:5000/kitchen/trainer:latest", "pinned by digest"),
+        ("127.0.0.1:5000/kitchen/trainer@sha256:abc", "pinned by digest"),
+    ],
+)
+def test_a_bad_image_is_refused_and_nothing_is_stored(tmp_path, image, problem):
+    launcher, client = harness.start(harness.config(tmp_path))
+    try:
+        with pytest.raises(grpc.RpcError) as refused:
+            client.submit(harness.spec("bad", image=image))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details().startswith("spec.image: ")
+        assert problem in refused.value.details()
+        assert list(client.list().jobs) == []
+    finally:
+        launcher.stop()
+
+
+def test_an_image_job_runs_one_process(tmp_path):
+    launcher, client = harness.start(harness.config(tmp_path))
+    try:
+        spec = harness.spec("wide", image=f"127.0.0.1:5000/kitchen/trainer@{DIGEST}")
+        spec.resources.processes_per_node = 2
+        with pytest.raises(grpc.RpcError) as refused:
+            client.submit(spec)
+        assert refused.value.details().startswith("spec.image: ")
+        assert list(client.list().jobs) == []
+    finally:
+        launcher.stop()
+
+
+def test_a_slurm_batch_script_runs_the_trainer_through_run_image(tmp_path):
+    cfg = settings.resolve(harness.config(tmp_path))
+    job = job_pb2.Job(id="j1", attempts=1, run_dir=str(tmp_path / "run"))
+    job.spec.image = f"127.0.0.1:5000/kitchen/trainer@{DIGEST}"
+    args = ["--spec", "job.json", "--run-dir", job.run_dir]
+    env = {"KITCHEN_STATE_DIR": str(tmp_path), "PYTHONPATH": "/host/only"}
+    handle = {"attempt_dir": attempt_dir(job.run_dir, 1), "launched_at": 0.0}
+    launch = Launch(job, [*cfg.trainer_cmd, *args], env, handle, args)
+    script = SlurmExecutor(cfg.pools[0].slurm, [], images=cfg.images)._script(launch)
+    command = shlex.split(script.splitlines()[-1])
+    run_image = command.index("--")  # attempt_wrapper.py ... -- run_image.py ...
+    assert command[run_image + 1 :] == [
+        *cfg.images.run_image_cmd,
+        "--image", job.spec.image, "--runtime", "bwrap",
+        "--bind", job.run_dir, "--bind", str(tmp_path / "precook"),
+        f"--env=KITCHEN_STATE_DIR={tmp_path}",
+        "--", *args,
+    ]  # fmt: skip
