@@ -205,3 +205,30 @@ def test_launcher_with_a_slurm_pool(slurm, tmp_path):
     finally:
         client.close()
         launcher.stop()
+
+
+def test_a_job_in_an_image_through_slurm(slurm, tmp_path, monkeypatch):
+    layout = os.path.abspath(
+        os.environ.get("LAUNCHER_LAYOUT")
+        or os.path.join(os.path.dirname(h.FAKE_TRAINER), "../../.bazel/bin/images/launcher.oci")
+    )
+    if not os.path.isfile(os.path.join(layout, "index.json")):
+        pytest.skip(f"{layout} is not built (bazel build //images:launcher)")
+    monkeypatch.setenv("KITCHEN_CACHE_DIR", str(tmp_path / "cache"))  # sbatch passes it on
+    cfg = h.config(tmp_path)
+    del cfg.pools[:]
+    cfg.pools.add(name="slurm", executor=launcher_pb2.SLURM, nodes=1)
+    fake_trainer, behaviour = os.path.realpath(h.FAKE_TRAINER), str(tmp_path / "behaviour")
+    cfg.images.entrypoint = f"python3 {fake_trainer} --behaviour-dir {behaviour}"
+    cfg.images.binds.extend([os.path.dirname(fake_trainer), behaviour])
+    launcher, client = h.start(cfg)
+    try:
+        job = client.submit(h.spec("boxed", steps=3, image=layout))
+        done = h.wait_for(client, job.id, h.FINAL, timeout=120)
+        batch = open(os.path.join(attempt_dir(done.run_dir, 1), "batch.sh")).read()
+        assert done.state == job_pb2.SUCCEEDED, (done, batch)
+        assert "run_image" in batch and f"--layout {layout}" in batch
+        assert done.progress.step == 3 and h.steps_log(done) == [(1, 1), (1, 2), (1, 3)]
+    finally:
+        client.close()
+        launcher.stop()
