@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 
+from tools.cache_dir import kitchen_cache_root
 from tools.oci import layer_tar
 from tools.oci import layout as oci
 
@@ -41,13 +42,6 @@ DPKG_TRIM = [
     "path-exclude=/usr/share/doc/*",
     "path-include=/usr/share/doc/*/copyright",
 ]
-
-
-def cache_root() -> str:
-    if os.environ.get("KITCHEN_CACHE_DIR"):
-        return os.environ["KITCHEN_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "kitchen")
 
 
 def cache_key(inputs: dict) -> str:
@@ -205,7 +199,7 @@ def main() -> None:
     inputs = {k: v for k, v in vars(args).items() if k != "out"}
     if args.source == "import" and args.layout:
         inputs["layout"] = os.path.realpath(args.layout)
-    out = args.out or os.path.join(cache_root(), "oci", "base", cache_key(inputs))
+    out = args.out or os.path.join(kitchen_cache_root(), "oci", "base", cache_key(inputs))
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out + ".lock", "w") as lockfile:
         fcntl.flock(lockfile, fcntl.LOCK_EX)

@@ -36,6 +36,7 @@ import sys
 
 from packaging.requirements import Requirement
 
+from tools.cache_dir import kitchen_cache_root
 from tools.oci import layer_tar
 
 STAMP = ".complete"
@@ -58,13 +59,6 @@ def read_lock(path: str) -> dict[str, str]:
                 sys.exit(f"python layers: {path}:{lineno}: {line!r} is not pinned with ==")
             pins[normalize(name)] = line
     return pins
-
-
-def cache_root() -> str:
-    if os.environ.get("KITCHEN_CACHE_DIR"):
-        return os.environ["KITCHEN_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "kitchen")
 
 
 def cache_key(lock: bytes, spec: bytes, only: list[str]) -> str:
@@ -248,7 +242,7 @@ def main() -> None:
         sys.exit(f"python layers: {args.spec}: invalid JSON: {e}")
     pins = read_lock(args.lock)
     out = args.out or os.path.join(
-        cache_root(), "oci", "python-layers", cache_key(lock_bytes, spec_bytes, args.only)
+        kitchen_cache_root(), "oci", "python-layers", cache_key(lock_bytes, spec_bytes, args.only)
     )
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out + ".lock", "w") as lockfile:

@@ -39,6 +39,7 @@ def _run_helper(rctx, python, script, args):
     # Resolving the helper's modules by label makes Bazel re-run this rule when they change.
     for module in ["layer_tar.py", "layout.py"]:
         rctx.path(Label("//tools/oci:" + module))
+    rctx.path(Label("//tools:cache_dir.py"))
     root = rctx.path(Label("//:WORKSPACE")).dirname
     result = rctx.execute(
         [python, rctx.path(Label("//tools/oci:" + script))] + args,

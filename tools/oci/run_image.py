@@ -33,18 +33,10 @@ import uuid
 if not __package__:  # run as a file (python3 tools/oci/run_image.py): find the repository root
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from tools.cache_dir import kitchen_cache_root  # noqa: E402
 from tools.oci import layout as oci  # noqa: E402
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-
-def default_cache_dir() -> str:
-    if os.environ.get("KITCHEN_CACHE_DIR"):
-        root = os.environ["KITCHEN_CACHE_DIR"]
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(base, "kitchen")
-    return os.path.join(root, "oci", "rootfs")
 
 
 def ref_name(layout: str, digest: str) -> str:
@@ -278,7 +270,9 @@ def main() -> int:
         "--entrypoint", help="replaces the image's Entrypoint (shell-quoted string)"
     )
     parser.add_argument(
-        "--cache-dir", default=default_cache_dir(), help="where unpacked images live"
+        "--cache-dir",
+        default=os.path.join(kitchen_cache_root(), "oci", "rootfs"),
+        help="where unpacked images live",
     )
     parser.add_argument(
         "--unpack-only", action="store_true", help="unpack, print the rootfs path, exit"

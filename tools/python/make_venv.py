@@ -20,15 +20,10 @@ import shutil
 import subprocess
 import sys
 
+from tools.cache_dir import kitchen_cache_root
+
 MIN_PYTHON = (3, 11)
 STAMP = ".kitchen-venv-complete"
-
-
-def cache_root() -> str:
-    if os.environ.get("KITCHEN_CACHE_DIR"):
-        return os.environ["KITCHEN_CACHE_DIR"]
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "kitchen")
 
 
 def venv_key(lock_bytes: bytes) -> str:
@@ -97,7 +92,7 @@ def main() -> None:
         )
     with open(args.lock, "rb") as f:
         lock_bytes = f.read()
-    root = os.path.join(cache_root(), "venvs")
+    root = os.path.join(kitchen_cache_root(), "venvs")
     os.makedirs(root, exist_ok=True)
     venv = os.path.join(root, venv_key(lock_bytes))
     with open(venv + ".lock", "w") as lockfile:

@@ -42,7 +42,14 @@ def _kitchen_venv_impl(rctx):
         fail("kitchen venv: no python3 on PATH; install Python >= 3.11 (./bazel does this as root)")
     lock = rctx.path(rctx.attr.lock)
     script = rctx.path(rctx.attr._make_venv)
-    result = rctx.execute([python, script, "--lock", lock], timeout = 3600, quiet = False)
+    rctx.path(rctx.attr._cache_dir)  # resolved so that a change to it re-runs this rule
+    root = rctx.path(Label("//:WORKSPACE")).dirname
+    result = rctx.execute(
+        [python, script, "--lock", lock],
+        environment = {"PYTHONPATH": str(root)},  # make_venv imports tools.cache_dir
+        timeout = 3600,
+        quiet = False,
+    )
     if result.return_code != 0:
         fail("kitchen venv: could not build the Python environment:\n" + result.stderr)
     venv = result.stdout.strip().splitlines()[-1]
@@ -54,6 +61,7 @@ kitchen_venv = repository_rule(
     implementation = _kitchen_venv_impl,
     attrs = {
         "lock": attr.label(allow_single_file = True, mandatory = True),
+        "_cache_dir": attr.label(default = "//tools:cache_dir.py", allow_single_file = True),
         "_make_venv": attr.label(default = "//tools/python:make_venv.py", allow_single_file = True),
     },
     environ = ["KITCHEN_CACHE_DIR", "XDG_CACHE_HOME"],
