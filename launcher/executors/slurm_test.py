@@ -143,6 +143,14 @@ def _launch(tmp_path, code, attempt=1):
     return Launch(job, [sys.executable, "-c", code], {"KITCHEN_TEST": "from-launcher"}, handle)
 
 
+def _read_if_exists(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
 def _wait_status(ex, handle, statuses, timeout=60.0):
     deadline = time.monotonic() + timeout
     while (seen := ex.poll({"j": handle})["j"]).status not in statuses:
@@ -178,7 +186,8 @@ def test_sigterm_via_scancel_and_finding_a_job_by_name(slurm, tmp_path):
     # A launcher that crashed right after sbatch stored only the name: it finds the job.
     by_name = {k: v for k, v in handle.items() if k != "slurm_job_id"}
     assert ex.poll({"j": by_name})["j"].status == Status.RUNNING
-    _wait(lambda: "ready" in open(launch.log_path).read(), "trainer ready", slurm)
+    # Slurm says RUNNING before the batch script has created the log: wait for both.
+    _wait(lambda: "ready" in _read_if_exists(launch.log_path), "trainer ready", slurm)
     ex.terminate(by_name)
     seen = _wait_status(ex, handle, {Status.EXITED, Status.LOST})
     assert (seen.status, seen.exit_code) == (Status.EXITED, 75)
