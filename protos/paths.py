@@ -1,0 +1,61 @@
+"""Where things are on disk, for every binary: one rule each.
+
+- `user_path(p)`: a path a person typed, made absolute from where they ran the command.
+  `bazel run` changes the working directory to the runfiles; BUILD_WORKING_DIRECTORY says
+  where the person was. `~` expands. "" stays "" (an unset field).
+- `state_dir()`: Kitchen's state (the launcher's database, run directories, the precook
+  cache): $KITCHEN_STATE_DIR, else `.state/` in the workspace (`bazel run`: the source tree,
+  BUILD_WORKSPACE_DIRECTORY) or in the current directory.
+- `precook_cache_dir(data, state)`: `data.cache_dir`, else `<state dir>/precook`, so
+  `//trainer:precook`, `//trainer:train` and the launcher's jobs share one cache by default.
+- `run_dir_for(state, name)`: `<state dir>/runs/<name>`.
+- `PATH_FIELDS`: the TrainerConfig fields that hold paths; `absolute_paths(cfg)` resolves them
+  where the user is (submit, or the trainer run by hand), because a trainer runs elsewhere.
+"""
+
+import os
+
+# (section, field) of kitchen.v1.TrainerConfig that hold a file system path.
+PATH_FIELDS: tuple[tuple[str, str], ...] = (
+    ("data", "input"),
+    ("data", "tokenizer_path"),
+    ("data", "cache_dir"),
+    ("checkpoint", "path"),
+)
+STATE_DIR_ENV = "KITCHEN_STATE_DIR"
+
+
+def user_path(path: str) -> str:
+    """An absolute path for one a person typed (see the module docstring)."""
+    if not path:
+        return path
+    where = os.environ.get("BUILD_WORKING_DIRECTORY") or os.getcwd()
+    return os.path.abspath(os.path.join(where, os.path.expanduser(path)))
+
+
+def state_dir() -> str:
+    """$KITCHEN_STATE_DIR, else .state/ in the workspace (`bazel run`) or the current dir."""
+    if os.environ.get(STATE_DIR_ENV):
+        return user_path(os.environ[STATE_DIR_ENV])
+    root = os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd()
+    return os.path.join(os.path.abspath(root), ".state")
+
+
+def precook_cache_dir(data, state: str | None = None) -> str:
+    """Where precooked datasets live: `data.cache_dir` (a kitchen.v1.DataConfig), else
+    `<state>/precook`."""
+    if data.cache_dir:
+        return user_path(data.cache_dir)
+    return os.path.join(state or state_dir(), "precook")
+
+
+def run_dir_for(state: str, name: str) -> str:
+    """`<state>/runs/<name>`: a job's run directory (launcher: the job id; by hand: its name)."""
+    return os.path.join(state, "runs", name)
+
+
+def absolute_paths(trainer_cfg) -> None:
+    """Make the path fields of `trainer_cfg` (a kitchen.v1.TrainerConfig) absolute, in place."""
+    for section, field in PATH_FIELDS:
+        message = getattr(trainer_cfg, section)
+        setattr(message, field, user_path(getattr(message, field)))
