@@ -1,0 +1,203 @@
+"""TrainerConfig's defaults and ranges: one table, applied once, by both sides.
+
+Each optional field of protos/trainer_config.proto has a `Field` here: the default written
+beside it in the proto (`// default X`; defaults_test parses every such comment and compares)
+and the range a value must lie in. `with_defaults(cfg, kind, world_size)` fills every unset
+field; protos/validation.py checks the ranges and the rules that tie fields together. The
+launcher runs both at submit and the trainer again at start, so a job the launcher accepts
+is one the trainer accepts.
+
+Defaults that depend on other fields or on the machine are DERIVED, computed in
+`with_defaults`: n_kv_heads (= n_heads), ffn_dim (8/3 dim), max_seq_len (= data.seq_len),
+workers (the CPUs this process may use), parallelism (SINGLE, or DDP with several processes).
+"""
+
+import dataclasses
+import math
+import os
+
+from protos import job_pb2, trainer_config_pb2
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """A field's default (None: DERIVED) and its closed range [low, high] (open at an end
+    where low_open / high_open)."""
+
+    default: int | float | bool | str | None
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def problem(self, value) -> str | None:
+        """Why `value` is out of range, or None."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{value} is not a finite number"
+        if self.low is None and self.high is None:
+            return None
+        below = value <= self.low if self.low_open else value < self.low
+        above = value >= self.high if self.high_open else value > self.high
+        if below or above:
+            return f"{_number(value)} is not in {self.range_text()}"
+        return None
+
+    def range_text(self) -> str:
+        low = "(" if self.low_open else "["
+        high = ")" if self.high_open else "]"
+        return f"{low}{_number(self.low)}, {_number(self.high)}{high}"
+
+
+def _number(value) -> str:
+    """2,147,483,647 for an int, 1e-05 for a float: readable in an error message."""
+    return f"{value:,}" if isinstance(value, int) else f"{value:g}"
+
+
+# section of TrainerConfig -> {field: Field}. Ranges are what can work at all, generously:
+# the bounds stop a typo (or a hostile spec) from asking for 2^31 layers, not a big model.
+SECTIONS: dict[str, dict[str, Field]] = {
+    "data": {
+        "text_field": Field("text"),
+        "prompt_field": Field("prompt"),
+        "response_field": Field("response"),
+        "vocab_size": Field(4096, 1, 1 << 24),  # BPE_TRAIN also needs MIN_BPE_VOCAB
+        "seq_len": Field(256, 2, 1 << 20),
+        "shard_tokens": Field(16 * 1024 * 1024, 2, 1 << 40),
+        "workers": Field(None, 1, 1024),
+        "eval_fraction": Field(0.02, 0, 1, high_open=True),
+        "max_documents": Field(0, 0, INT32_MAX),
+    },
+    "model": {
+        "dim": Field(256, 2, 1 << 16),
+        "n_layers": Field(4, 1, 1024),
+        "n_heads": Field(8, 1, 1024),
+        "n_kv_heads": Field(None, 1, 1024),
+        "ffn_dim": Field(None, 1, 1 << 20),
+        "max_seq_len": Field(None, 2, 1 << 20),
+        "rope_theta": Field(10000.0, 0, 1e12, low_open=True),
+        "norm_eps": Field(1e-5, 0, 1, low_open=True),
+        "tie_embeddings": Field(True),
+        "use_kernels": Field(True),
+    },
+    "optim": {
+        "lr": Field(3e-3, 0, 10, low_open=True),
+        "min_lr_ratio": Field(0.1, 0, 1),
+        "warmup_steps": Field(20, 0, INT32_MAX),
+        "weight_decay": Field(0.1, 0, 10),
+        "beta1": Field(0.9, 0, 1, high_open=True),
+        "beta2": Field(0.95, 0, 1, high_open=True),
+        "grad_clip": Field(1.0, 0, 1e6),
+    },
+    "train": {
+        "steps": Field(200, 1, 1 << 30),
+        "micro_batch": Field(8, 1, 1 << 16),
+        "grad_accum": Field(1, 1, 1 << 16),
+        "seed": Field(1234, 0, INT64_MAX),
+        "log_every": Field(10, 1, 1 << 30),
+        "eval_every": Field(50, 0, 1 << 30),
+        "eval_batches": Field(8, 1, 1 << 20),
+        "spike_factor": Field(3.0, 1, 1e6, low_open=True),
+        "max_bad_steps": Field(3, 1, 1000),
+    },
+    "checkpoint": {
+        "every_steps": Field(50, 0, 1 << 30),
+        "keep_last": Field(3, 1, 1000),
+        "resume": Field(True),
+    },
+    "generate": {
+        "max_new_tokens": Field(200, 1, 1 << 20),
+        "temperature": Field(0.8, 0, 100),
+        "top_k": Field(50, 0, 1 << 24),
+        "top_p": Field(0.95, 0, 1, low_open=True),
+        "seed": Field(0, 0, INT64_MAX),
+    },
+}
+
+# Enum fields whose UNSPECIFIED value means a named default (written beside the UNSPECIFIED
+# value in the proto). train.parallelism is DERIVED from the number of processes.
+ENUM_DEFAULTS: dict[tuple[str, str], str] = {
+    ("data", "format"): "TEXT_FILES",
+    ("data", "tokenizer"): "BPE_TRAIN",
+    ("data", "packing"): "BEST_FIT",
+    ("optim", "schedule"): "COSINE",
+    ("train", "recompute"): "NONE",
+}
+
+# train.dtype spellings -> torch dtype names ("" = automatic: bf16 on CUDA, fp32 elsewhere).
+DTYPES: dict[str, str | None] = {
+    "": None,
+    "fp32": "float32",
+    "float32": "float32",
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+}
+
+# A byte-level BPE starts from 256 byte tokens plus <|bos|>, <|eos|>, <|pad|>.
+BYTE_ALPHABET = 256
+SPECIAL_TOKENS = ("<|bos|>", "<|eos|>", "<|pad|>")
+MIN_BPE_VOCAB = BYTE_ALPHABET + len(SPECIAL_TOKENS)
+
+
+def ffn_dim_for(dim: int) -> int:
+    """SwiGLU hidden width: 8/3 of dim (same parameters as a 4x GELU MLP), a multiple of 64."""
+    hidden = -(-8 * dim // 3)
+    return -(-hidden // 64) * 64
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _fill(message, section: str) -> None:
+    for name, field in SECTIONS[section].items():
+        if field.default is not None and not message.HasField(name):
+            setattr(message, name, field.default)
+    for (sec, name), value in ENUM_DEFAULTS.items():
+        if sec == section and getattr(message, name) == 0:
+            setattr(message, name, getattr(trainer_config_pb2, value))
+
+
+def data_with_defaults(
+    data: trainer_config_pb2.DataConfig,
+) -> trainer_config_pb2.DataConfig:
+    """A copy of a DataConfig with every default applied (precook run on its own)."""
+    out = trainer_config_pb2.DataConfig()
+    out.CopyFrom(data)
+    _fill(out, "data")
+    if not out.HasField("workers"):
+        out.workers = default_workers()
+    return out
+
+
+def with_defaults(
+    cfg: trainer_config_pb2.TrainerConfig,
+    kind: job_pb2.JobKind.ValueType = job_pb2.PRETRAIN,
+    world_size: int = 1,
+) -> trainer_config_pb2.TrainerConfig:
+    """A copy of `cfg` with every unset field set; `cfg` is not changed. `kind` does not change
+    any default today; it is here so that a job kind's own defaults have their place."""
+    del kind
+    out = trainer_config_pb2.TrainerConfig()
+    out.CopyFrom(cfg)
+    out.data.CopyFrom(data_with_defaults(cfg.data))
+    for section in SECTIONS:
+        if section != "data":
+            _fill(getattr(out, section), section)
+    if out.train.parallelism == trainer_config_pb2.PARALLELISM_UNSPECIFIED:
+        several = world_size > 1
+        out.train.parallelism = trainer_config_pb2.DDP if several else trainer_config_pb2.SINGLE
+    m = out.model
+    if not m.HasField("n_kv_heads"):
+        m.n_kv_heads = m.n_heads
+    if not m.HasField("ffn_dim"):
+        m.ffn_dim = ffn_dim_for(m.dim)
+    if not m.HasField("max_seq_len"):
+        m.max_seq_len = out.data.seq_len
+    return out

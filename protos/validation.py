@@ -1,0 +1,231 @@
+"""Is this job spec one that can run? One answer, for the launcher at submit and the trainer
+at start. Every error is a ConfigError naming the field path: `trainer.model.n_heads: 6 does
+not divide dim 256`.
+
+The rules, in order:
+1. The wire (`check_wire`): what a client can send that YAML cannot. Every enum holds a value
+   its enum defines, every float is finite, strings and lists have a bounded length, and no
+   field is unknown to this schema (proto3 keeps unknown fields and would echo them back).
+2. The job (`validate_job_spec`): name and team are labels; kind is set; resources, retry
+   and hang timeout lie in their ranges (RANGES below).
+3. The trainer (`resolve_trainer`): the config with defaults applied (protos/defaults.py),
+   every field in its range, and the rules that tie fields together (heads divide the width,
+   SFT reads chat data, SINGLE runs one process, ...).
+What depends on this launcher (pools, quotas, images) is launcher/validation.py's; what
+depends on files (does data.input exist?) is the trainer's, when it reads them.
+"""
+
+import math
+import re
+
+from google.protobuf import descriptor, unknown_fields
+from google.protobuf.message import Message
+
+from protos import defaults, enums, job_pb2, trainer_config_pb2
+from protos.config_yaml import ConfigError
+from protos.defaults import Field
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+NAME_RULE = "use letters, digits, '.', '_', '-' (at most 63, starting with a letter or digit)"
+MAX_STRING = 4096  # bytes of any string field but the prompt: paths, image references
+MAX_PROMPT = 1 << 16
+MAX_LIST = 1024
+DAY = 86400.0
+
+# JobSpec fields outside the trainer: their ranges (0 means "the launcher's default" where
+# the proto says so).
+RANGES: dict[str, Field] = {
+    "priority": Field(0, -1000, 1000),
+    "resources.nodes": Field(0, 0, 4096),
+    "resources.gpus_per_node": Field(0, 0, 64),
+    "resources.processes_per_node": Field(0, 0, 1024),
+    "retry.max_attempts": Field(0, 0, 100),
+    "retry.backoff_seconds": Field(0, 0, DAY),
+    "retry.max_backoff_seconds": Field(0, 0, 7 * DAY),
+    "hang_timeout_seconds": Field(0, 0, 30 * DAY),
+}
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def check_wire(message: Message, path: str = "") -> None:
+    """Rule 1 over `message` and everything in it."""
+    unknown = unknown_fields.UnknownFieldSet(message)
+    if len(unknown):
+        numbers = ", ".join(str(f.field_number) for f in unknown)
+        raise ConfigError(
+            path or "(top level)",
+            f"unknown field number(s) {numbers} for {message.DESCRIPTOR.full_name}: "
+            "this launcher's schema does not have them (a newer client?)",
+        )
+    for field, value in message.ListFields():
+        where = _join(path, field.name)
+        if field.is_repeated:
+            if len(value) > MAX_LIST:
+                raise ConfigError(where, f"{len(value)} entries; at most {MAX_LIST}")
+            items = [(f"{where}[{i}]", v) for i, v in enumerate(value)]
+        else:
+            items = [(where, value)]
+        for item_path, item in items:
+            _check_value(message, field, item, item_path)
+
+
+def _check_value(message, field, value, path):
+    kind = field.type
+    if kind == descriptor.FieldDescriptor.TYPE_MESSAGE:
+        check_wire(value, path)
+    elif kind == descriptor.FieldDescriptor.TYPE_ENUM:
+        enums.check_member(message, field.name, path)
+    elif kind in (descriptor.FieldDescriptor.TYPE_FLOAT, descriptor.FieldDescriptor.TYPE_DOUBLE):
+        if not math.isfinite(value):
+            raise ConfigError(path, f"{value} is not a finite number")
+    elif kind == descriptor.FieldDescriptor.TYPE_STRING:
+        limit = MAX_PROMPT if path.endswith("generate.prompt") else MAX_STRING
+        if len(value.encode("utf-8", "surrogatepass")) > limit:
+            raise ConfigError(path, f"{len(value):,} characters; at most {limit:,} bytes")
+        if "\x00" in value:
+            raise ConfigError(path, "contains a NUL character")
+
+
+def _check_range(value, field: Field, path: str) -> None:
+    problem = field.problem(value)
+    if problem:
+        raise ConfigError(path, problem)
+
+
+def validate_job_spec(spec: job_pb2.JobSpec) -> trainer_config_pb2.TrainerConfig:
+    """Rules 1-3 for a whole spec; returns the trainer config the job will run with."""
+    check_wire(spec)
+    if not spec.name:
+        raise ConfigError("name", "a job needs a name")
+    if not NAME.match(spec.name):
+        raise ConfigError("name", f"{spec.name[:80]!r}: {NAME_RULE}")
+    for label in ("team", "owner"):
+        value = getattr(spec, label)
+        if value and not NAME.match(value):
+            raise ConfigError(label, f"{value[:80]!r}: {NAME_RULE}")
+    if spec.resources.pool and not NAME.match(spec.resources.pool):
+        raise ConfigError("resources.pool", f"{spec.resources.pool[:80]!r}: {NAME_RULE}")
+    if spec.kind == job_pb2.JOB_KIND_UNSPECIFIED:
+        kinds = ", ".join(enums.choices(spec, "kind"))
+        raise ConfigError("kind", f"a job needs a kind: one of {kinds}")
+    for path, field in RANGES.items():
+        message = spec
+        *sections, name = path.split(".")
+        for section in sections:
+            message = getattr(message, section)
+        _check_range(getattr(message, name), field, path)
+    r = spec.resources
+    world_size = (r.nodes or 1) * (r.processes_per_node or 1)
+    return resolve_trainer(spec.trainer, spec.kind, world_size)
+
+
+def resolve_trainer(
+    cfg: trainer_config_pb2.TrainerConfig,
+    kind: job_pb2.JobKind.ValueType = job_pb2.PRETRAIN,
+    world_size: int = 1,
+) -> trainer_config_pb2.TrainerConfig:
+    """Rule 3: a copy of `cfg` with every default applied, or a ConfigError."""
+    check_wire(cfg, "trainer")
+    out = defaults.with_defaults(cfg, kind, world_size)
+    validate_trainer(out, kind, world_size)
+    return out
+
+
+def resolve_data(data: trainer_config_pb2.DataConfig) -> trainer_config_pb2.DataConfig:
+    """Rule 3 for a DataConfig on its own (precook run by hand); errors name `data.<field>`."""
+    check_wire(data, "data")
+    out = defaults.data_with_defaults(data)
+    validate_data(out, "data")
+    return out
+
+
+def _ranges(message: Message, section: str, path: str) -> None:
+    for name, field in defaults.SECTIONS[section].items():
+        _check_range(getattr(message, name), field, f"{path}.{name}")
+
+
+def _check(ok: bool, path: str, problem: str) -> None:
+    if not ok:
+        raise ConfigError(path, problem)
+
+
+def validate_data(d: trainer_config_pb2.DataConfig, path: str = "trainer.data") -> None:
+    """The rules of a defaulted DataConfig; errors name `<path>.<field>`."""
+    _ranges(d, "data", path)
+    if d.tokenizer == trainer_config_pb2.BPE_TRAIN:
+        _check(
+            d.vocab_size >= defaults.MIN_BPE_VOCAB,
+            f"{path}.vocab_size",
+            f"{d.vocab_size} cannot fit a byte-level BPE: it needs at least "
+            f"{defaults.MIN_BPE_VOCAB} tokens ({defaults.BYTE_ALPHABET} bytes + "
+            f"{len(defaults.SPECIAL_TOKENS)} special tokens)",
+        )
+    if d.tokenizer == trainer_config_pb2.BPE_FILE:
+        _check(bool(d.tokenizer_path), f"{path}.tokenizer_path", "is required for BPE_FILE")
+    _check(
+        d.shard_tokens >= d.seq_len,
+        f"{path}.shard_tokens",
+        f"{d.shard_tokens} is smaller than one row (seq_len {d.seq_len})",
+    )
+    if d.format == trainer_config_pb2.JSONL:
+        _check(bool(d.text_field), f"{path}.text_field", "must name the JSON field of the text")
+    if d.format == trainer_config_pb2.JSONL_CHAT:
+        _check(bool(d.prompt_field), f"{path}.prompt_field", "must name the JSON prompt field")
+        _check(bool(d.response_field), f"{path}.response_field", "must name the response field")
+        _check(
+            d.prompt_field != d.response_field,
+            f"{path}.response_field",
+            f"is the same field as prompt_field ({d.prompt_field!r})",
+        )
+
+
+def validate_trainer(
+    cfg: trainer_config_pb2.TrainerConfig,
+    kind: job_pb2.JobKind.ValueType = job_pb2.PRETRAIN,
+    world_size: int = 1,
+) -> None:
+    """The rules of a defaulted TrainerConfig (see the module docstring, rule 3)."""
+    d, m, t = cfg.data, cfg.model, cfg.train
+    validate_data(d)
+    for section in ("model", "optim", "train", "checkpoint", "generate"):
+        _ranges(getattr(cfg, section), section, f"trainer.{section}")
+    if kind == job_pb2.SFT:
+        _check(
+            d.format == trainer_config_pb2.JSONL_CHAT,
+            "trainer.data.format",
+            "SFT trains on prompt/response pairs: use JSONL_CHAT, not "
+            + enums.enum_name(d, "format"),
+        )
+    _check(
+        m.dim % m.n_heads == 0, "trainer.model.n_heads", f"{m.n_heads} does not divide dim {m.dim}"
+    )
+    head_dim = m.dim // m.n_heads
+    _check(
+        head_dim % 2 == 0,
+        "trainer.model.n_heads",
+        f"{m.n_heads} heads give head_dim {head_dim}; rotary positions need an even head_dim",
+    )
+    _check(
+        m.n_heads % m.n_kv_heads == 0,
+        "trainer.model.n_kv_heads",
+        f"{m.n_kv_heads} does not divide n_heads {m.n_heads}",
+    )
+    _check(
+        d.seq_len <= m.max_seq_len,
+        "trainer.data.seq_len",
+        f"{d.seq_len} is longer than the model's positions (model.max_seq_len {m.max_seq_len})",
+    )
+    _check(
+        t.dtype.lower() in defaults.DTYPES,
+        "trainer.train.dtype",
+        f"{t.dtype!r} is not one of fp32, bf16 (or empty for automatic)",
+    )
+    _check(
+        world_size == 1 or t.parallelism != trainer_config_pb2.SINGLE,
+        "trainer.train.parallelism",
+        f"SINGLE with {world_size} processes would train {world_size} unrelated models: "
+        "use DDP or FSDP",
+    )

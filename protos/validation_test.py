@@ -1,0 +1,134 @@
+"""One validation for submit and the trainer: total over every field, errors name the field."""
+
+import math
+
+import pytest
+from google.protobuf import json_format
+
+from protos import job_pb2, trainer_config_pb2
+from protos.config_yaml import ConfigError
+from protos.validation import resolve_data, resolve_trainer, validate_job_spec
+
+
+def spec_with(**fields) -> job_pb2.JobSpec:
+    """A valid PRETRAIN spec with `a__b__c=value` set (the path under JobSpec)."""
+    spec = job_pb2.JobSpec(name="ok", kind=job_pb2.PRETRAIN)
+    for key, value in fields.items():
+        *sections, name = key.split("__")
+        message = spec
+        for section in sections:
+            message = getattr(message, section)
+        setattr(message, name, value)
+    return spec
+
+
+def error(spec) -> str:
+    with pytest.raises(ConfigError) as err:
+        validate_job_spec(spec)
+    return str(err.value)
+
+
+def test_a_minimal_spec_resolves_with_defaults():
+    cfg = validate_job_spec(spec_with())
+    assert (cfg.model.dim, cfg.train.steps, cfg.data.seq_len) == (256, 200, 256)
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"trainer__model__n_heads": 6}, "trainer.model.n_heads: 6 does not divide dim 256"),
+        (
+            {"trainer__model__n_kv_heads": 3},
+            "trainer.model.n_kv_heads: 3 does not divide n_heads 8",
+        ),
+        (
+            {"trainer__data__seq_len": 512, "trainer__model__max_seq_len": 256},
+            "trainer.data.seq_len: 512 is longer than the model's positions",
+        ),
+        ({"trainer__model__dim": 40}, "trainer.model.n_heads: 8 heads give head_dim 5"),
+        ({"trainer__model__n_layers": 0}, "trainer.model.n_layers: 0 is not in [1, 1,024]"),
+        (
+            {"trainer__model__n_layers": 2**31 - 1},
+            "trainer.model.n_layers: 2,147,483,647 is not in [1, 1,024]",
+        ),
+        ({"trainer__data__seq_len": 1}, "trainer.data.seq_len: 1 is not in [2, "),
+        ({"trainer__data__vocab_size": 100}, "trainer.data.vocab_size: 100 cannot fit"),
+        ({"trainer__optim__lr": -1.0}, "trainer.optim.lr: -1 is not in (0, 10]"),
+        ({"trainer__optim__lr": math.nan}, "trainer.optim.lr: nan is not a finite number"),
+        ({"trainer__optim__beta2": 1.0}, "trainer.optim.beta2: 1 is not in [0, 1)"),
+        ({"trainer__train__dtype": "fp8"}, "trainer.train.dtype: 'fp8'"),
+        ({"trainer__train__micro_batch": 0}, "trainer.train.micro_batch"),
+        ({"trainer__train__steps": 2**31 - 1}, "trainer.train.steps"),
+        ({"trainer__train__spike_factor": 0.5}, "trainer.train.spike_factor"),
+        ({"trainer__checkpoint__keep_last": 0}, "trainer.checkpoint.keep_last"),
+        ({"trainer__generate__top_p": 0.0}, "trainer.generate.top_p"),
+        ({"trainer__data__workers": 0}, "trainer.data.workers"),
+        ({"trainer__data__eval_fraction": 1.0}, "trainer.data.eval_fraction: 1 is not in [0, 1)"),
+        ({"trainer__data__tokenizer": trainer_config_pb2.BPE_FILE}, "trainer.data.tokenizer_path"),
+        ({"name": ""}, "name: a job needs a name"),
+        ({"name": "a b"}, "name: 'a b': use letters"),
+        ({"name": "x" * 1_000_000}, "name: 1,000,000 characters"),
+        ({"team": "../etc"}, "team: '../etc'"),
+        ({"kind": job_pb2.JOB_KIND_UNSPECIFIED}, "kind: a job needs a kind: one of PRECOOK"),
+        ({"kind": 99}, "kind: 99 is not a value of JobKind"),
+        ({"priority": 10**6}, "priority: 1,000,000 is not in [-1,000, 1,000]"),
+        ({"retry__backoff_seconds": math.nan}, "retry.backoff_seconds: nan is not a finite"),
+        ({"retry__backoff_seconds": 1e12}, "retry.backoff_seconds: 1e+12 is not in [0, 86400]"),
+        ({"retry__max_attempts": -1}, "retry.max_attempts: -1 is not in [0, 100]"),
+        ({"hang_timeout_seconds": math.nan}, "hang_timeout_seconds: nan is not a finite"),
+        ({"hang_timeout_seconds": -5.0}, "hang_timeout_seconds: -5 is not in"),
+        ({"resources__processes_per_node": 2**31 - 1}, "resources.processes_per_node"),
+        ({"resources__nodes": -1}, "resources.nodes: -1 is not in"),
+        ({"trainer__data__packing": 42}, "trainer.data.packing: 42 is not a value of Packing"),
+        ({"trainer__data__input": "a\x00b"}, "trainer.data.input: contains a NUL"),
+    ],
+)
+def test_bad_values_name_their_field(fields, message):
+    assert error(spec_with(**fields)).startswith(message)
+
+
+def test_several_processes_need_ddp_or_fsdp():
+    spec = spec_with(trainer__train__parallelism=trainer_config_pb2.SINGLE)
+    validate_job_spec(spec)
+    spec.resources.processes_per_node = 2
+    assert error(spec).startswith("trainer.train.parallelism: SINGLE with 2 processes")
+    spec.trainer.train.parallelism = trainer_config_pb2.FSDP
+    assert validate_job_spec(spec).train.parallelism == trainer_config_pb2.FSDP
+    spec.trainer.train.ClearField("parallelism")  # unset: DDP when there are several
+    assert validate_job_spec(spec).train.parallelism == trainer_config_pb2.DDP
+
+
+def test_sft_needs_prompt_response_data():
+    spec = spec_with(kind=job_pb2.SFT)
+    assert error(spec).startswith("trainer.data.format: SFT trains on prompt/response pairs")
+    spec.trainer.data.format = trainer_config_pb2.JSONL_CHAT
+    assert validate_job_spec(spec).data.format == trainer_config_pb2.JSONL_CHAT
+
+
+def test_unknown_wire_fields_are_refused_with_their_place():
+    model = trainer_config_pb2.ModelConfig(dim=64).SerializeToString() + bytes([0xF8, 0x07, 1])
+    spec = spec_with()
+    spec.trainer.model.ParseFromString(model)  # field 127, varint: a newer client's field
+    assert error(spec).startswith("trainer.model: unknown field number(s) 127")
+
+
+def test_json_from_a_client_goes_through_the_same_rules():
+    spec = json_format.Parse('{"name": "j", "kind": "EVAL", "retry": {"backoffSeconds": "NaN"}}',
+                             job_pb2.JobSpec())  # fmt: skip
+    assert error(spec).startswith("retry.backoff_seconds: nan")
+
+
+def test_the_data_section_alone_names_data_fields():
+    with pytest.raises(ConfigError, match=r"^data\.seq_len: 1 is not in"):
+        resolve_data(trainer_config_pb2.DataConfig(seq_len=1))
+    resolve_data(trainer_config_pb2.DataConfig(tokenizer=trainer_config_pb2.CL100K, vocab_size=10))
+    chat = trainer_config_pb2.DataConfig(format=trainer_config_pb2.JSONL_CHAT)
+    chat.prompt_field = chat.response_field = "x"
+    with pytest.raises(ConfigError, match=r"^data\.response_field: is the same field"):
+        resolve_data(chat)
+
+
+def test_resolve_trainer_does_not_change_its_input():
+    cfg = trainer_config_pb2.TrainerConfig()
+    out = resolve_trainer(cfg)
+    assert out.model.dim == 256 and not cfg.model.HasField("dim")
