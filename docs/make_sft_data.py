@@ -19,16 +19,13 @@ import argparse
 import ast
 import json
 import os
-import shutil
 import sys
 import sysconfig
 
+from protos.files import write_atomic
+from protos.paths import user_path
+
 SKIPPED_DIRS = {"site-packages", "dist-packages", "__pycache__", "test", "tests", "idle_test"}
-
-
-def user_path(path: str) -> str:
-    """`bazel run` changes the working directory; BUILD_WORKING_DIRECTORY is where you were."""
-    return os.path.join(os.environ.get("BUILD_WORKING_DIRECTORY", ""), os.path.expanduser(path))
 
 
 def stdlib_files(root: str) -> list:
@@ -70,16 +67,6 @@ def pairs_in(path: str, module: str):
             yield f"What does {module}.{node.name}() do?\n", first
 
 
-def write_atomically(path: str, lines: list) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(lines)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class BadInput(Exception):
     """A flag that cannot work; the message names it."""
 
@@ -99,12 +86,6 @@ def tokenizer_of(checkpoint: str) -> str:
             "tokenizer: cl100k; a deleted cache: precook the pretraining data again)"
         )
     return source
-
-
-def copy_atomically(source: str, target: str) -> None:
-    tmp = f"{target}.{os.getpid()}.tmp"
-    shutil.copyfile(source, tmp)
-    os.replace(tmp, target)
 
 
 def main(argv=None) -> int:
@@ -139,13 +120,15 @@ def main(argv=None) -> int:
         if len(lines) >= args.max_pairs:
             break
     lines = lines[: args.max_pairs]
-    out = os.path.abspath(user_path(args.out))
-    write_atomically(out, lines)
+    out = user_path(args.out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    write_atomic(out, "".join(lines))
     print(f"wrote {len(lines):,} prompt/response pairs from {files:,} files of {root} to {out}")
     print(f"e.g. {lines[len(lines) // 2].strip()}")
     if tokenizer:
         copied = os.path.join(os.path.dirname(out), "tokenizer.json")
-        copy_atomically(tokenizer, copied)
+        with open(tokenizer, "rb") as f:
+            write_atomic(copied, f.read())
         print(f"copied {tokenizer} (the tokenizer {checkpoint} learned) to {copied}")
     return 0
 

@@ -15,8 +15,14 @@ import time
 import grpc
 
 from protos import job_pb2
+from protos.exit_codes import ExitCode
 
-EXIT_CODES = {job_pb2.SUCCEEDED: 0, job_pb2.FAILED: 1, job_pb2.CANCELLED: 130}
+# What `submit` and `kitchen watch` exit with when the job ends in each final state.
+EXIT_CODES = {
+    job_pb2.SUCCEEDED: ExitCode.OK,
+    job_pb2.FAILED: ExitCode.FAILED,
+    job_pb2.CANCELLED: ExitCode.CANCELLED,
+}
 FINAL = tuple(EXIT_CODES)
 COLUMNS = (("STATE", 10), ("STEP", 17), ("LOSS", 9), ("THROUGHPUT", 14), ("MFU", 8), ("ETA", 9))
 PLAIN_ROW_EVERY_SECONDS = 5.0

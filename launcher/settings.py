@@ -9,6 +9,7 @@ import sys
 
 from protos import launcher_pb2
 from protos.config_yaml import ConfigError
+from protos.paths import state_dir, user_path
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
@@ -17,24 +18,6 @@ DEFAULT_KILL_GRACE_SECONDS = 60.0
 DEFAULT_RETENTION_SECONDS = 900.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.5
 WORKSPACE = "kitchen"  # Bazel workspace name: runfiles hold `kitchen/trainer/train`
-
-
-def user_path(path: str) -> str:
-    """An absolute path for one a person typed: `bazel run` changes the working directory,
-    BUILD_WORKING_DIRECTORY says where the person was."""
-    if not path:
-        return path
-    return os.path.abspath(
-        os.path.join(os.environ.get("BUILD_WORKING_DIRECTORY", ""), os.path.expanduser(path))
-    )
-
-
-def default_state_dir() -> str:
-    """$KITCHEN_STATE_DIR, else .state/ in the workspace (`bazel run`) or the current dir."""
-    if os.environ.get("KITCHEN_STATE_DIR"):
-        return os.environ["KITCHEN_STATE_DIR"]
-    root = os.environ.get("BUILD_WORKSPACE_DIRECTORY") or os.getcwd()
-    return os.path.join(root, ".state")
 
 
 def _runfiles_dirs():
@@ -78,7 +61,7 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
     out.CopyFrom(cfg)
     out.listen = out.listen or DEFAULT_LISTEN
     out.metrics_listen = out.metrics_listen or DEFAULT_METRICS_LISTEN
-    out.state_dir = user_path(out.state_dir or default_state_dir())
+    out.state_dir = user_path(out.state_dir) or state_dir()
     for field in ("tokens_file", "tls_cert", "tls_key"):
         setattr(out, field, user_path(getattr(out, field)))
     if not out.pools:

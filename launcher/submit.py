@@ -11,7 +11,6 @@ to that launcher; Ctrl-C then only stops following (the job keeps running).
 
 import argparse
 import getpass
-import os
 import shlex
 import signal
 import sys
@@ -19,30 +18,26 @@ import threading
 
 import grpc
 
-from launcher import settings
 from launcher.client import Client
 from launcher.live_view import EXIT_CODES, LiveView, follow
 from launcher.server import Launcher, StateDirBusy
-from launcher.settings import user_path
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError, load_job_spec
-
-# Path fields of a job, resolved here: a trainer runs in its run dir, not where you are.
-PATH_FIELDS = (
-    ("data", "input"), ("data", "tokenizer_path"), ("data", "cache_dir"), ("checkpoint", "path"),
-)  # fmt: skip
+from protos.exit_codes import ExitCode
+from protos.paths import absolute_paths, state_dir, user_path
+from protos.validation import validate_job_spec
 
 
 def load_spec(path: str) -> job_pb2.JobSpec:
+    """The job in the YAML file at `path`, checked as the launcher and trainer will check it,
+    with its paths made absolute here: a trainer runs in its run dir, not where you are."""
     spec = load_job_spec(path)
-    if not spec.name:
-        spec.name = os.path.splitext(os.path.basename(path))[0]
     spec.owner = spec.owner or getpass.getuser()
-    for section, field in PATH_FIELDS:
-        message = getattr(spec.trainer, section)
-        value = getattr(message, field)
-        if value and not os.path.isabs(value):
-            setattr(message, field, user_path(value))
+    absolute_paths(spec.trainer)
+    try:
+        validate_job_spec(spec)
+    except ConfigError as e:
+        raise ConfigError(e.field, e.problem, path) from None
     return spec
 
 
@@ -69,9 +64,7 @@ def main(argv=None) -> int:
     p.add_argument("--detach", action="store_true", help="print the job id and return")
     p.add_argument("--token", help="bearer token (default $KITCHEN_TOKEN)")
     p.add_argument("--tls-ca", help="PEM root certificate (default $KITCHEN_TLS_CA)")
-    p.add_argument(
-        "--state-dir", help=f"embedded launcher's state (default {settings.default_state_dir()})"
-    )
+    p.add_argument("--state-dir", help=f"embedded launcher's state (default {state_dir()})")
     p.add_argument("--metrics-port", type=int, default=0, help="embedded /metrics port (0: any)")
     p.add_argument(
         "--trainer-cmd", help="embedded launcher's trainer command (default //trainer:train)"
@@ -81,13 +74,13 @@ def main(argv=None) -> int:
         spec = load_spec(user_path(args.config))
     except ConfigError as e:
         print(f"submit: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_CONFIG
     if args.detach and not args.launcher:
         print(
             "submit: --detach needs --launcher (an embedded launcher ends with submit)",
             file=sys.stderr,
         )
-        return 2
+        return ExitCode.BAD_CONFIG
     launcher = None
     try:
         if args.launcher:
@@ -98,10 +91,11 @@ def main(argv=None) -> int:
         return _run(client, spec, args, embedded=launcher is not None)
     except StateDirBusy as e:
         print(f"submit: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.BAD_CONFIG
     except grpc.RpcError as e:
         print(f"submit: {e.code().name}: {e.details()}", file=sys.stderr)
-        return 2 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 1
+        bad = e.code() == grpc.StatusCode.INVALID_ARGUMENT
+        return ExitCode.BAD_CONFIG if bad else ExitCode.FAILED
     finally:
         if launcher is not None:
             launcher.stop()
@@ -128,7 +122,7 @@ def _run(client: Client, spec, args, embedded: bool) -> int:
         job = follow(client, job.id, LiveView())
     except KeyboardInterrupt:
         print(f"\nstopped following {job.id}" + ("" if embedded else "; it keeps running"))
-        return 130
+        return ExitCode.CANCELLED
     finally:
         signal.signal(signal.SIGINT, previous)
     return EXIT_CODES[job.state]

@@ -1,39 +1,21 @@
-"""Checks a submitted JobSpec against this launcher's pools and quotas; names the bad field.
+"""Checks a submitted JobSpec: the schema's rules, then this launcher's pools and quotas.
 
-The trainer checks its own config in full (and exits 2 naming the field); here we reject what
-can be known before a job is queued, so a broken job fails in the submit call, not hours later.
+The schema's rules (protos/validation.py) are the trainer's own: the job the launcher accepts
+is the job the trainer accepts, and a broken job fails in the submit call, not hours later.
+What only this launcher knows is checked here: the pool exists and is big enough, the team's
+quota could ever fit the job, the pool can run its image.
 """
-
-import re
 
 from launcher.executors import image
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError
-
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
-# TrainerConfig fields that must be positive when set (0 or less can never work).
-POSITIVE = {
-    "data": ("vocab_size", "seq_len", "shard_tokens", "workers"),
-    "model": ("dim", "n_layers", "n_heads", "n_kv_heads", "ffn_dim", "max_seq_len", "rope_theta"),
-    "optim": ("lr",),
-    "train": ("steps", "micro_batch", "grad_accum", "log_every", "eval_batches"),
-    "generate": ("max_new_tokens",),
-}
+from protos.validation import validate_job_spec
 
 
 def validate(spec: job_pb2.JobSpec, cfg: launcher_pb2.LauncherConfig) -> str:
     """The pool the job runs in, or a ConfigError naming the first bad field."""
-    if not spec.name:
-        raise ConfigError("name", "a job needs a name")
-    if not NAME.match(spec.name):
-        raise ConfigError("name", f"{spec.name!r}: use letters, digits, '.', '_', '-' (max 63)")
-    if spec.kind == job_pb2.JOB_KIND_UNSPECIFIED:
-        kinds = ", ".join(n for n in job_pb2.JobKind.keys() if not n.endswith("UNSPECIFIED"))
-        raise ConfigError("kind", f"a job needs a kind: one of {kinds}")
+    validate_job_spec(spec)
     r = spec.resources
-    for field in ("nodes", "gpus_per_node", "processes_per_node"):
-        if getattr(r, field) < 0:
-            raise ConfigError(f"resources.{field}", f"{getattr(r, field)} is negative")
     pools = {p.name: p for p in cfg.pools}
     pool_name = r.pool or cfg.default_pool
     pool = pools.get(pool_name)
@@ -63,11 +45,6 @@ def validate(spec: job_pb2.JobSpec, cfg: launcher_pb2.LauncherConfig) -> str:
                 f"({quota.max_nodes or 'any'} nodes / {quota.max_gpus or 'any'} GPUs): "
                 "it could never run",
             )
-    for field in ("max_attempts", "backoff_seconds", "max_backoff_seconds"):
-        if getattr(spec.retry, field) < 0:
-            raise ConfigError(f"retry.{field}", f"{getattr(spec.retry, field)} is negative")
-    if spec.hang_timeout_seconds < 0:
-        raise ConfigError("hang_timeout_seconds", f"{spec.hang_timeout_seconds} is negative")
     if pool.executor == launcher_pb2.KUBERNETES and not (spec.image or pool.kubernetes.image):
         raise ConfigError("image", f"pool {pool.name} runs containers: the job needs an image")
     if spec.image and pool.executor in (launcher_pb2.LOCAL, launcher_pb2.SLURM):
@@ -76,19 +53,4 @@ def validate(spec: job_pb2.JobSpec, cfg: launcher_pb2.LauncherConfig) -> str:
             raise ConfigError(
                 "image", f"pool {pool.name} runs an image as one process on one node, not torchrun"
             )
-    _check_trainer(spec.trainer)
     return pool.name
-
-
-def _check_trainer(trainer):
-    for section, fields in POSITIVE.items():
-        message = getattr(trainer, section)
-        for field in fields:
-            if message.HasField(field) and getattr(message, field) <= 0:
-                value = getattr(message, field)
-                raise ConfigError(f"trainer.{section}.{field}", f"must be positive, got {value}")
-    data = trainer.data
-    if data.HasField("eval_fraction") and not 0 <= data.eval_fraction < 1:
-        raise ConfigError(
-            "trainer.data.eval_fraction", f"must be in [0, 1), got {data.eval_fraction}"
-        )

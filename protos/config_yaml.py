@@ -7,6 +7,7 @@ The same mapping reads the launcher's own config (`load_message(path, LauncherCo
 """
 
 import difflib
+import os
 import re
 
 import yaml
@@ -152,6 +153,10 @@ def load_yaml(path: str):
             return yaml.load(f, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
     except OSError as e:
         raise ConfigError("", f"cannot read config: {e.strerror}", path) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            "", f"not a UTF-8 text file (byte {e.start}): a YAML config?", path
+        ) from None
     except ConfigError as e:
         raise ConfigError(e.field, e.problem, path) from None
     except yaml.YAMLError as e:
@@ -170,8 +175,11 @@ def job_spec_from_dict(d, source: str | None = None) -> job_pb2.JobSpec:
 
 
 def load_job_spec(path: str) -> job_pb2.JobSpec:
-    """The JobSpec in the YAML file at `path`."""
+    """The JobSpec in the YAML file at `path`; a job without a `name:` is named after the
+    file (`configs/tiny.yaml` -> `tiny`)."""
     data = load_yaml(path)
     if data is None:
         raise ConfigError("", "the file is empty; a job needs at least `kind:`", path)
-    return job_spec_from_dict(data, source=path)
+    spec = job_spec_from_dict(data, source=path)
+    spec.name = spec.name or os.path.splitext(os.path.basename(path))[0]
+    return spec

@@ -95,8 +95,13 @@ def _check_range(value, field: Field, path: str) -> None:
         raise ConfigError(path, problem)
 
 
-def validate_job_spec(spec: job_pb2.JobSpec) -> trainer_config_pb2.TrainerConfig:
-    """Rules 1-3 for a whole spec; returns the trainer config the job will run with."""
+def validate_job_spec(
+    spec: job_pb2.JobSpec, world_size: int | None = None
+) -> trainer_config_pb2.TrainerConfig:
+    """Rules 1-3 for a whole spec; returns the trainer config the job will run with.
+
+    `world_size`: the number of training processes, when known (the trainer under torchrun);
+    else what `resources` asks for (nodes x processes_per_node)."""
     check_wire(spec)
     if not spec.name:
         raise ConfigError("name", "a job needs a name")
@@ -117,8 +122,8 @@ def validate_job_spec(spec: job_pb2.JobSpec) -> trainer_config_pb2.TrainerConfig
         for section in sections:
             message = getattr(message, section)
         _check_range(getattr(message, name), field, path)
-    r = spec.resources
-    world_size = (r.nodes or 1) * (r.processes_per_node or 1)
+    if world_size is None:
+        world_size = (spec.resources.nodes or 1) * (spec.resources.processes_per_node or 1)
     return resolve_trainer(spec.trainer, spec.kind, world_size)
 
 

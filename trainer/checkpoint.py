@@ -216,24 +216,26 @@ def pretrained(path: Path, model_cfg, vocab_size: int) -> dict:
     ModelConfig) and `vocab_size`; else a ConfigError naming trainer.checkpoint.path."""
     from google.protobuf import json_format
 
-    from trainer.config import ConfigError
+    from protos.config_yaml import ConfigError
 
     field = "trainer.checkpoint.path"
     try:
         meta = verify(path, files=("model.pt",))
     except CheckpointError as e:
-        raise ConfigError(f"{field}: {e}") from e
+        raise ConfigError(field, str(e)) from e
     if meta["vocab_size"] != vocab_size:
         raise ConfigError(
-            f"{field}: {path} has a {meta['vocab_size']}-token vocabulary, the SFT data "
+            field,
+            f"{path} has a {meta['vocab_size']}-token vocabulary, the SFT data "
             f"{vocab_size}: precook it with tokenizer: BPE_FILE and tokenizer_path: "
-            "the pretraining dataset's tokenizer.json"
+            "the pretraining dataset's tokenizer.json",
         )
     ours = json_format.MessageToDict(model_cfg, preserving_proto_field_name=True)
     for name, value in meta["model"].items():
         if name not in ("max_seq_len", "use_kernels") and ours.get(name) != value:
             raise ConfigError(
-                f"{field}: {path} has model.{name} {value}, this config {ours.get(name)}: "
-                "set trainer.model as the pretraining run had it"
+                field,
+                f"{path} has model.{name} {value}, this config {ours.get(name)}: "
+                "set trainer.model as the pretraining run had it",
             )
     return meta

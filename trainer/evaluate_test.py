@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from protos.config_yaml import job_spec_from_dict
-from trainer import config, evaluate
+from protos.validation import resolve_trainer
+from trainer import evaluate
 from trainer.data.loader import PackedRowLoader
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
@@ -20,7 +21,7 @@ CPU = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    cfg = config.resolve(job_spec_from_dict(tiny_job(cache, train={"eval_batches": 3})).trainer)
+    cfg = resolve_trainer(job_spec_from_dict(tiny_job(cache, train={"eval_batches": 3})).trainer)
     ds = precook_dataset(cfg.data, str(cache), show_progress=False)
     return cfg, ds, build_model(cfg, ds.tokenizer.vocab_size, "cpu")
 

@@ -1,7 +1,7 @@
 import torch
 
 from protos import trainer_config_pb2
-from trainer import config
+from protos.validation import resolve_trainer
 from trainer.generate import generate, sample_next
 from trainer.model import Transformer
 
@@ -15,7 +15,7 @@ def tiny_model():
     cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.model.n_kv_heads = 64, 2, 4, 2
     cfg.model.tie_embeddings = False
     torch.manual_seed(0)
-    model = Transformer(config.resolve(cfg).model, VOCAB)
+    model = Transformer(resolve_trainer(cfg).model, VOCAB)
     with torch.no_grad():  # sharper logits than at init, so greedy choices are not near-ties
         model.output.weight.mul_(10)
     return model.eval()

@@ -14,7 +14,7 @@ import torch  # noqa: E402
 import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
 from protos import trainer_config_pb2  # noqa: E402
-from trainer import config  # noqa: E402
+from protos.validation import resolve_trainer  # noqa: E402
 from trainer.model import Transformer, attention_layout, select_ops  # noqa: E402
 
 torch.set_num_threads(1)
@@ -30,7 +30,7 @@ def model_config():
     cfg = trainer_config_pb2.TrainerConfig()
     cfg.data.seq_len = 16
     cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.model.n_kv_heads = 64, 2, 4, 2
-    return config.resolve(cfg).model
+    return resolve_trainer(cfg).model
 
 
 def test_select_ops_honours_use_kernels():

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
+from protos.enums import enum_name
 from trainer import checkpoint, distributed, evaluate
-from trainer.config import enum_name, train_dtype
+from trainer.config import train_dtype
 from trainer.grad_noise import GradientNoiseScale
 from trainer.loss_guard import OK, ROLLBACK, LossGuard
 from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_start_time

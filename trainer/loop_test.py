@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from protos.config_yaml import job_spec_from_dict
-from trainer import config, loop
+from protos.validation import resolve_trainer
+from trainer import loop
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
 from trainer.metrics import read_records
@@ -25,7 +26,7 @@ def cache(tmp_path_factory):
 def make_trainer(cache, run_dir, bad_calls, **sections):
     """A Trainer whose train_step reports NaN on the given (1-based) calls."""
     spec = job_spec_from_dict(tiny_job(cache, **sections))
-    cfg = config.resolve(spec.trainer)
+    cfg = resolve_trainer(spec.trainer)
     ds = precook_dataset(cfg.data, str(cache), show_progress=False)
     messages = []
     trainer = loop.Trainer(

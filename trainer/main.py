@@ -1,10 +1,16 @@
 """`train`: the trainer's entry point, one per job, for every job kind.
 
-    train --config configs/tiny.yaml [--run-dir DIR]
-    train --spec JOBSPEC.json --run-dir DIR [--launcher HOST:PORT --job-id ID --attempt N]
+    train --config configs/tiny.yaml [--run-dir DIR]   a job run by hand
+    train --attempt ATTEMPT.json                       an attempt the launcher started
 
-Exit codes: 0 success, 1 failure, 2 bad config or input (the message names the field or
-file), 75 preempted (SIGTERM or the launcher's stop: checkpoint saved, clean exit).
+The launcher hands an attempt everything it did not configure itself (run directory, precook
+cache, job id, attempt number, where to report, the token file) in one kitchen.v1.Attempt
+(protos/attempt.proto). A job run by hand gets the same message built here: the run
+directory is --run-dir or <state dir>/runs/<name>, the cache data.cache_dir or <state
+dir>/precook (protos/paths.py), so it shares its precooked data with //trainer:precook.
+
+Exit codes (protos/exit_codes.py): 0 success, 1 failure, 2 bad config or input (the message
+names the field or file), 75 preempted (SIGTERM or the launcher's stop: checkpoint saved).
 Run it under torchrun for several processes; only rank 0 writes logs and checkpoints.
 """
 
@@ -15,62 +21,41 @@ import time
 import traceback
 from pathlib import Path
 
-EXIT_OK, EXIT_FAILED, EXIT_BAD_CONFIG, EXIT_PREEMPTED = 0, 1, 2, 75
+from google.protobuf import json_format
+
+from protos import attempt_pb2, job_pb2, paths
+from protos.config_yaml import ConfigError, load_job_spec
+from protos.exit_codes import ExitCode
+from protos.validation import validate_job_spec
 
 
 class BadInput(Exception):
     """A config or input problem: exit 2 with this message."""
 
 
-def _user_path(path: str) -> Path:
-    """Relative paths are the user's: `bazel run` changes directory, BUILD_WORKING_DIRECTORY
-    says where the user was."""
-    return Path(os.environ.get("BUILD_WORKING_DIRECTORY", "."), path).resolve()
-
-
-def resolve_paths(cfg) -> None:
-    """Make the config's relative paths absolute, from where the user ran the command."""
-    fields = [(cfg.data, "input"), (cfg.data, "tokenizer_path"), (cfg.data, "cache_dir")]
-    for msg, name in fields + [(cfg.checkpoint, "path")]:
-        if getattr(msg, name):
-            setattr(msg, name, str(_user_path(getattr(msg, name))))
-
-
-def load_spec(args):
-    from google.protobuf import json_format
-
-    from protos import job_pb2
-
-    if args.config:
-        from protos.config_yaml import ConfigError, load_job_spec
-
-        try:
-            return load_job_spec(str(_user_path(args.config)))
-        except (ConfigError, OSError) as e:
-            raise BadInput(str(e)) from e
-    path = _user_path(args.spec)
+def attempt_from_config(config: str, run_dir: str = "") -> attempt_pb2.Attempt:
+    """The Attempt of a job run by hand from a YAML config (paths are the user's)."""
     try:
-        return json_format.Parse(path.read_text(), job_pb2.JobSpec())
-    except (json_format.ParseError, OSError) as e:
-        raise BadInput(f"{path}: {e}") from e
+        spec = load_job_spec(paths.user_path(config))
+    except ConfigError as e:
+        raise BadInput(str(e)) from e
+    paths.absolute_paths(spec.trainer)
+    state = paths.state_dir()
+    run_dir = paths.user_path(run_dir) or paths.run_dir_for(state, spec.name or "job")
+    cache_dir = paths.precook_cache_dir(spec.trainer.data, state)
+    return attempt_pb2.Attempt(spec=spec, run_dir=run_dir, cache_dir=cache_dir)
 
 
-def run_dir_for(args, spec) -> Path:
-    if args.run_dir:
-        return _user_path(args.run_dir)
-    if spec.trainer.run_dir:
-        return _user_path(spec.trainer.run_dir)
-    return _user_path(os.path.join(".runs", spec.name or "job"))
-
-
-def cache_dir_for(cfg, run_dir: Path) -> Path:
-    """Where precooked datasets live: data.cache_dir, $KITCHEN_STATE_DIR/precook, or beside
-    the run directory (so runs of one project share them)."""
-    if cfg.data.cache_dir:
-        return Path(cfg.data.cache_dir)
-    if os.environ.get("KITCHEN_STATE_DIR"):
-        return Path(os.environ["KITCHEN_STATE_DIR"]) / "precook"
-    return run_dir.parent / "precook"
+def read_attempt(path: str) -> attempt_pb2.Attempt:
+    """The launcher's handoff (json_format of kitchen.v1.Attempt)."""
+    try:
+        attempt = json_format.Parse(Path(path).read_text(), attempt_pb2.Attempt())
+    except (json_format.ParseError, OSError, UnicodeDecodeError) as e:
+        raise BadInput(f"{path}: not a kitchen.v1.Attempt: {e}") from e
+    for field in ("run_dir", "cache_dir"):
+        if not os.path.isabs(getattr(attempt, field)):
+            raise BadInput(f"{path}: {field} must be an absolute path")
+    return attempt
 
 
 def make_log(run_dir: Path, is_main: bool):
@@ -88,28 +73,28 @@ def make_log(run_dir: Path, is_main: bool):
     return log
 
 
-def precook(cfg, run_dir: Path, env, log):
-    """The precooked dataset of `cfg.data`, built by rank 0 while the others wait."""
+def precook(cfg, cache: str, env, log):
+    """The precooked dataset of `cfg.data` in `cache`, built by rank 0 while the others wait."""
     from trainer import distributed
     from trainer.data.precook import precook_dataset
 
-    cache = cache_dir_for(cfg, run_dir)
     if env.is_main:
         log(f"precook: {cfg.data.input or 'the Python standard library'} -> cache {cache}")
-        ds = precook_dataset(cfg.data, str(cache), show_progress=True)
+        ds = precook_dataset(cfg.data, cache, show_progress=True)
     distributed.barrier()
     if not env.is_main:
-        ds = precook_dataset(cfg.data, str(cache), show_progress=False)
+        ds = precook_dataset(cfg.data, cache, show_progress=False)
     log(f"dataset {ds.path} ({'cache hit' if ds.cache_hit else 'built'})")
     return ds
 
 
-def train(cfg, kind, run_dir, env, identity, log, client) -> int:
+def train(cfg, kind: str, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     from trainer import loop, plots
 
-    ds = precook(cfg, run_dir, env, log)
+    run_dir = Path(attempt.run_dir)
+    ds = precook(cfg, attempt.cache_dir, env, log)
     trainer = loop.Trainer(cfg, kind, run_dir, env, ds.path, ds.tokenizer.vocab_size, log=log)
-    trainer.metrics.identity.update(identity)
+    trainer.metrics.identity.update(job_id=attempt.job_id, attempt=attempt.number)
     if client is not None:
         trainer.metrics.sinks.append(client.send)
     sigterm = loop.install_sigterm_handler()
@@ -125,7 +110,7 @@ def train(cfg, kind, run_dir, env, identity, log, client) -> int:
         png = plots.plot_loss(run_dir)
         if png:
             log(f"loss curves: {png}")
-    return EXIT_PREEMPTED if outcome == loop.PREEMPTED else EXIT_OK
+    return ExitCode.PREEMPTED if outcome == loop.PREEMPTED else ExitCode.OK
 
 
 def load_checkpoint_model(cfg, run_dir: Path, env, log):
@@ -146,14 +131,21 @@ def load_checkpoint_model(cfg, run_dir: Path, env, log):
     return model, meta, path
 
 
-def evaluate_job(cfg, run_dir, env, log) -> int:
+def _dataset_of(meta, cfg, attempt: attempt_pb2.Attempt, env, log) -> str:
+    """The checkpoint's own dataset when it is still there, else `cfg.data` precooked."""
+    if Path(meta["dataset"]).exists():
+        return meta["dataset"]
+    return precook(cfg, attempt.cache_dir, env, log).path
+
+
+def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
+    from protos.files import write_json_atomic
     from trainer import evaluate
     from trainer.config import train_dtype
-    from trainer.data.files import json_bytes, write_atomic
 
+    run_dir = Path(attempt.run_dir)
     model, meta, path = load_checkpoint_model(cfg, run_dir, env, log)
-    dataset = meta["dataset"] if Path(meta["dataset"]).exists() else None
-    dataset = dataset or precook(cfg, run_dir, env, log).path
+    dataset = _dataset_of(meta, cfg, attempt, env, log)
     dtype = train_dtype(cfg, env.device)
     result = evaluate.heldout_loss(model, dataset, cfg, env, dtype)
     if result is None:
@@ -167,17 +159,16 @@ def evaluate_job(cfg, run_dir, env, log) -> int:
     if env.is_main:
         report = dict(result._asdict(), checkpoint=str(path), step=meta["step"])
         report.update(choice_accuracy=accuracy, choice_questions=asked)
-        write_atomic(str(run_dir / "eval.json"), json_bytes(report))
-    return EXIT_OK
+        write_json_atomic(str(run_dir / "eval.json"), report)
+    return ExitCode.OK
 
 
-def generate_job(cfg, run_dir, env, log) -> int:
+def generate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
     from trainer.data.tokenizer import load_tokenizer
     from trainer.generate import generate
 
-    model, meta, path = load_checkpoint_model(cfg, run_dir, env, log)
-    dataset = meta["dataset"] if Path(meta["dataset"]).exists() else None
-    tokenizer = load_tokenizer(dataset or precook(cfg, run_dir, env, log).path)
+    model, meta, path = load_checkpoint_model(cfg, Path(attempt.run_dir), env, log)
+    tokenizer = load_tokenizer(_dataset_of(meta, cfg, attempt, env, log))
     g = cfg.generate
     prompt = [tokenizer.bos_id] + tokenizer.encode(g.prompt)  # documents start with BOS
     new, tokens_per_s = generate(
@@ -194,82 +185,82 @@ def generate_job(cfg, run_dir, env, log) -> int:
     if env.is_main:
         print(g.prompt + tokenizer.decode(new), flush=True)
     log(f"generated {len(new)} tokens at {tokens_per_s:,.1f} tokens/s on {env.device.type}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="train", description=__doc__.split("\n\n")[0])
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--config", help="YAML job spec (configs/*.yaml)")
-    source.add_argument("--spec", help="JobSpec as JSON (from the launcher)")
-    p.add_argument("--run-dir", help="where metrics, checkpoints and plots go")
-    p.add_argument("--launcher", help="HOST:PORT of the launcher to stream progress to")
-    p.add_argument("--job-id", default="")
-    p.add_argument("--attempt", type=int, default=0)
-    return p.parse_args(argv)
+    source.add_argument("--config", help="YAML job spec (configs/*.yaml): a job run by hand")
+    source.add_argument("--attempt", help="kitchen.v1.Attempt as JSON (from the launcher)")
+    p.add_argument("--run-dir", help="with --config: where metrics, checkpoints and plots go")
+    args = p.parse_args(argv)
+    if args.attempt and args.run_dir:
+        p.error("--run-dir is the attempt's run_dir: give it with --config only")
+    return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        return _run(args)
+        return int(_run(args))
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return EXIT_BAD_CONFIG
+        return ExitCode.BAD_CONFIG
 
 
-def _run(args) -> int:
-    from protos import job_pb2
-    from trainer import config, distributed
+def _run(args) -> ExitCode:
+    from trainer import distributed
     from trainer.data.errors import PrecookError
 
-    spec = load_spec(args)
+    if args.attempt:
+        attempt = read_attempt(paths.user_path(args.attempt))
+    else:
+        attempt = attempt_from_config(args.config, args.run_dir or "")
+    spec = attempt.spec
+    try:  # the launcher ran the same check at submit; a job by hand meets it here
+        cfg = validate_job_spec(spec, world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    except ConfigError as e:
+        raise BadInput(f"{args.config or args.attempt}: {e}") from e
     kind = job_pb2.JobKind.Name(spec.kind)
-    if kind == "JOB_KIND_UNSPECIFIED":
-        raise BadInput("kind: not set (one of PRECOOK, PRETRAIN, SFT, EVAL, GENERATE)")
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    try:
-        cfg = config.resolve(spec.trainer, kind, world_size)
-    except config.ConfigError as e:
-        raise BadInput(f"{args.config or args.spec}: {e}") from e
-    resolve_paths(cfg)
-    run_dir = run_dir_for(args, spec)
+    run_dir = Path(attempt.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     env = distributed.init()
     log = make_log(run_dir, env.is_main)
     log(f"{kind} job {spec.name or '(unnamed)'} -> {run_dir}")
     client = None
-    if args.launcher and env.is_main:
+    if attempt.launcher and env.is_main:
         from trainer.progress_client import ProgressClient
 
-        client = ProgressClient(args.launcher, log=log)
-    identity = {"job_id": args.job_id, "attempt": args.attempt}
+        client = ProgressClient(attempt, log=log)
     try:
         if client is not None:  # precooking can take a while: say the job is alive
             from protos import progress_pb2
 
             phase = {"EVAL": "eval", "GENERATE": "generate"}.get(kind, "precook")
-            started = progress_pb2.Progress(phase=phase, message="started", **identity)
+            started = progress_pb2.Progress(
+                phase=phase, message="started", job_id=attempt.job_id, attempt=attempt.number
+            )
             client.send(started)
-        if kind == "PRECOOK":
-            counts = precook(cfg, run_dir, env, log).manifest["counts"]
+        if spec.kind == job_pb2.PRECOOK:
+            counts = precook(cfg, attempt.cache_dir, env, log).manifest["counts"]
             log(
                 f"precooked {counts['documents']:,} documents, {counts['tokens']:,} tokens "
                 f"in {counts['rows']:,} rows ({counts['padding_tokens']:,} padding tokens)"
             )
-            return EXIT_OK
-        if kind in ("PRETRAIN", "SFT"):
-            return train(cfg, kind, run_dir, env, identity, log, client)
-        if kind == "EVAL":
-            return evaluate_job(cfg, run_dir, env, log)
-        return generate_job(cfg, run_dir, env, log)
-    except (PrecookError, config.ConfigError) as e:
+            return ExitCode.OK
+        if spec.kind in (job_pb2.PRETRAIN, job_pb2.SFT):
+            return train(cfg, kind, attempt, env, log, client)
+        if spec.kind == job_pb2.EVAL:
+            return evaluate_job(cfg, attempt, env, log)
+        return generate_job(cfg, attempt, env, log)
+    except (PrecookError, ConfigError) as e:
         raise BadInput(str(e)) from e
     except Exception:
         log(f"FAILED:\n{traceback.format_exc()}")
         if not env.is_main:
             traceback.print_exc()
-        return EXIT_FAILED
+        return ExitCode.FAILED
     finally:
         if client is not None:
             client.close()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from protos import progress_pb2
+from protos.exit_codes import ExitCode
 from trainer import main
 from trainer.metrics import read_records
 from trainer.testing import tiny_job, write_job
@@ -29,7 +30,7 @@ def trained(tmp_path_factory):
 def test_pretrain_succeeds_and_writes_every_output(trained):
     code, root, _ = trained
     run = root / "run"
-    assert code == main.EXIT_OK
+    assert code == ExitCode.OK
     assert (run / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in sorted((run / "checkpoints").iterdir())] == [
         "step_00000004",
@@ -103,7 +104,7 @@ def test_bad_config_exits_2_naming_the_field_before_any_work(tmp_path, capsys, c
         spec["trainer"][section].update(fields)
     job = write_job(tmp_path / "job.yaml", spec)
     code = main.main(["--config", str(job), "--run-dir", str(tmp_path / "run")])
-    assert code == main.EXIT_BAD_CONFIG
+    assert code == ExitCode.BAD_CONFIG
     assert message in capsys.readouterr().err
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run").exists()
 

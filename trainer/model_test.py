@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from protos import trainer_config_pb2
-from trainer import config
+from protos.validation import resolve_trainer
 from trainer.model import KVCache, Layout, Transformer, attention_layout
 
 torch.set_num_threads(1)
@@ -15,7 +15,7 @@ def tiny(**model):
     cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads = 64, 2, 4
     for k, v in model.items():
         setattr(cfg.model, k, v)
-    return config.resolve(cfg).model
+    return resolve_trainer(cfg).model
 
 
 def build(seed=0, recompute="NONE", **model):

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from trainer.config import enum_name
+from protos.enums import enum_name
 
 
 def build_optimizer(model: torch.nn.Module, cfg, device) -> torch.optim.AdamW:

@@ -5,23 +5,30 @@ queue (the oldest dropped first) and the thread reconnects with backoff: trainin
 waits on it and never dies of it. When the launcher answers `stop`, `stop_requested` is set
 and the loop checkpoints and exits as if preempted.
 
-The launcher passes what the stream needs in the environment: KITCHEN_LAUNCHER_TOKEN (this
-attempt's bearer token, when the launcher has auth on) and KITCHEN_LAUNCHER_TLS_CA (the
-certificate to trust, when it serves TLS).
+What the stream needs comes in the attempt's handoff (kitchen.v1.Attempt): the launcher's
+address, the file holding this attempt's bearer token (when the launcher has auth on; the token
+is read from the file, never from argv or the environment) and the certificate to trust (when
+it serves TLS).
 """
 
-import os
 import queue
 import threading
 import time
+
+from protos import attempt_pb2
 
 QUEUE_SIZE = 256
 _CLOSE = object()
 
 
 class ProgressClient:
-    def __init__(self, address: str, log=print):
-        self.address = address
+    def __init__(self, attempt: attempt_pb2.Attempt, log=print):
+        self.address = attempt.launcher
+        self.tls_ca = attempt.tls_ca
+        self.token = ""
+        if attempt.token_file:
+            with open(attempt.token_file, encoding="ascii") as f:
+                self.token = f.read().strip()
         self.log = log
         self.queue: queue.Queue = queue.Queue(maxsize=QUEUE_SIZE)
         self.stop_requested = threading.Event()
@@ -61,10 +68,9 @@ class ProgressClient:
             self.pending = None
 
     def _channel(self, grpc):
-        ca = os.environ.get("KITCHEN_LAUNCHER_TLS_CA")
-        if not ca:
+        if not self.tls_ca:
             return grpc.insecure_channel(self.address)
-        with open(ca, "rb") as f:
+        with open(self.tls_ca, "rb") as f:
             credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
         return grpc.secure_channel(self.address, credentials)
 
@@ -75,8 +81,7 @@ class ProgressClient:
 
         backoff, warned = 0.5, False
         self.pending = None
-        token = os.environ.get("KITCHEN_LAUNCHER_TOKEN")
-        metadata = [("authorization", f"Bearer {token}")] if token else None
+        metadata = [("authorization", f"Bearer {self.token}")] if self.token else None
         while not self.closed.is_set() or not self.queue.empty():
             try:
                 with self._channel(grpc) as channel:

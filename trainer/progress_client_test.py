@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from protos import launcher_pb2, launcher_pb2_grpc
+from protos.exit_codes import ExitCode
 from trainer import main
-from trainer.testing import tiny_job, write_job
+from trainer.testing import tiny_job, write_attempt
 
 torch.set_num_threads(1)
 
@@ -63,18 +64,20 @@ def cache(tmp_path_factory):
     return tmp_path_factory.mktemp("cache")
 
 
-def run(tmp_path, cache, address, steps, **sections):
-    job = write_job(tmp_path / "job.yaml", tiny_job(cache, steps=steps, **sections))
-    args = ["--config", str(job), "--run-dir", str(tmp_path / "run"), "--launcher", address]
-    return main.main(args + ["--job-id", "job-7", "--attempt", "2"])
+def run(tmp_path, cache, address, steps, checkpoint=None, **attempt):
+    job = tiny_job(cache, steps=steps, **({"checkpoint": checkpoint} if checkpoint else {}))
+    path = write_attempt(
+        tmp_path / "attempt.json", job, tmp_path / "run",
+        job_id="job-7", number=2, launcher=address, **attempt,
+    )  # fmt: skip
+    return main.main(["--attempt", str(path)])
 
 
-def test_progress_reaches_the_launcher_with_the_job_identity(
-    tmp_path, cache, launcher, monkeypatch
-):
-    monkeypatch.setenv("KITCHEN_LAUNCHER_TOKEN", "attempt-secret")
+def test_progress_reaches_the_launcher_with_the_job_identity(tmp_path, cache, launcher):
+    token = tmp_path / "token"
+    token.write_text("attempt-secret\n")
     servicer, address = launcher()
-    assert run(tmp_path, cache, address, steps=4) == main.EXIT_OK
+    assert run(tmp_path, cache, address, steps=4, token_file=str(token)) == ExitCode.OK
     assert ("authorization", "Bearer attempt-secret") in servicer.metadata
     train = [p for p in servicer.received if p.phase == "train" and p.tokens_per_second]
     assert [p.step for p in train] == [1, 2, 3, 4]
@@ -85,7 +88,7 @@ def test_progress_reaches_the_launcher_with_the_job_identity(
 def test_the_launchers_stop_checkpoints_and_exits_75(tmp_path, cache, launcher):
     servicer, address = launcher(stop_after=3)
     no_periodic = {"every_steps": 0}
-    assert run(tmp_path, cache, address, 500, checkpoint=no_periodic) == main.EXIT_PREEMPTED
+    assert run(tmp_path, cache, address, 500, checkpoint=no_periodic) == ExitCode.PREEMPTED
     (saved,) = (tmp_path / "run" / "checkpoints").iterdir()  # the one written on stop
     assert 3 <= int(saved.name.split("_")[1]) < 500
 
@@ -94,11 +97,11 @@ def test_a_launcher_that_is_down_does_not_stop_training(tmp_path, cache):
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{s.getsockname()[1]}"
-    assert run(tmp_path, cache, address, steps=3) == main.EXIT_OK
+    assert run(tmp_path, cache, address, steps=3) == ExitCode.OK
     assert "retrying" in (tmp_path / "run" / "train.log").read_text()
 
 
-def test_progress_over_tls_when_the_launcher_serves_it(tmp_path, cache, launcher, monkeypatch):
+def test_progress_over_tls_when_the_launcher_serves_it(tmp_path, cache, launcher):
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
@@ -106,7 +109,6 @@ def test_progress_over_tls_when_the_launcher_serves_it(tmp_path, cache, launcher
          "-keyout", str(key), "-out", str(cert)],
         check=True, capture_output=True,
     )  # fmt: skip
-    monkeypatch.setenv("KITCHEN_LAUNCHER_TLS_CA", str(cert))
     servicer, address = launcher(tls=(key, cert))
-    assert run(tmp_path, cache, address, steps=2) == main.EXIT_OK
+    assert run(tmp_path, cache, address, steps=2, tls_ca=str(cert)) == ExitCode.OK
     assert [p.step for p in servicer.received if p.phase == "train"] == [1, 2]

@@ -4,6 +4,7 @@ import json
 
 import torch
 
+from protos.exit_codes import ExitCode
 from trainer import main
 from trainer.testing import tiny_job, write_job
 
@@ -46,5 +47,5 @@ def test_sft_starts_from_the_pretrained_weights_with_their_tokenizer(tmp_path, c
     del spec["trainer"]["data"]["tokenizer_path"]
     mismatch = write_job(tmp_path / "mismatch.yaml", spec)
     code = main.main(["--config", str(mismatch), "--run-dir", str(tmp_path / "mismatch")])
-    assert code == main.EXIT_BAD_CONFIG
+    assert code == ExitCode.BAD_CONFIG
     assert "trainer.checkpoint.path" in capsys.readouterr().err

@@ -6,6 +6,7 @@ import signal
 
 import torch
 
+from protos.exit_codes import ExitCode
 from trainer.metrics import read_records
 from trainer.testing import (
     final_weights,
@@ -17,7 +18,6 @@ from trainer.testing import (
     write_job,
 )
 
-EXIT_PREEMPTED = 75
 STEPS = 30
 
 
@@ -29,7 +29,7 @@ def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path):
     process = start_trainer("--config", job, "--run-dir", run, log_path=tmp_path / "a.log")
     wait_for_step(run, 3, process)
     process.send_signal(signal.SIGTERM)
-    assert process.wait(60) == EXIT_PREEMPTED, (tmp_path / "a.log").read_text()
+    assert process.wait(60) == ExitCode.PREEMPTED, (tmp_path / "a.log").read_text()
 
     records = read_records(run)
     stopped_at = max(int(r["step"]) for r in records if r["phase"] == "train")

@@ -46,6 +46,22 @@ def write_job(path, job: dict) -> Path:
     return path
 
 
+def write_attempt(path, job: dict, run_dir, **fields) -> Path:
+    """A launcher's handoff (kitchen.v1.Attempt as JSON) for `job`: what `train --attempt`
+    reads. `fields` set the Attempt's own fields (job_id, number, launcher, token_file, ...)."""
+    from google.protobuf import json_format
+
+    from protos import attempt_pb2
+    from protos.config_yaml import job_spec_from_dict
+
+    spec = job_spec_from_dict(job)
+    attempt = attempt_pb2.Attempt(spec=spec, run_dir=str(run_dir), **fields)
+    attempt.cache_dir = spec.trainer.data.cache_dir
+    path = Path(path)
+    path.write_text(json_format.MessageToJson(attempt))
+    return path
+
+
 def subprocess_env() -> dict:
     """This interpreter's import path, one thread per process (runs must compare bitwise)."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from protos import trainer_config_pb2
-from trainer import config, loop
+from protos.validation import resolve_trainer
+from trainer import loop
 from trainer.data.loader import PackedRowLoader
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
@@ -174,7 +175,7 @@ def gpu_bench(args, cache_dir: str) -> list[str]:
         cfg.train.steps = args.gpu_warmup + args.gpu_steps
         cfg.train.log_every, cfg.train.eval_every = 1, 0
         cfg.checkpoint.every_steps = 0
-        base = config.resolve(cfg)
+        base = resolve_trainer(cfg)
         ds = precook_dataset(base.data, cache_dir, show_progress=True)
         for kernels_on in args.kernels:
             for compiled in args.compile:
@@ -237,7 +238,7 @@ def main() -> int:
         "",
     ]
     if not args.skip_cpu:
-        cfg = config.resolve(trainer_config_pb2.TrainerConfig())  # the default tiny model
+        cfg = resolve_trainer(trainer_config_pb2.TrainerConfig())  # the default tiny model
         cfg.train.eval_every = cfg.checkpoint.every_steps = 0
         ds = precook_dataset(cfg.data, args.cache_dir, show_progress=True)
         lines += ["## CPU: framework overhead", ""]

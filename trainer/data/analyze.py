@@ -20,9 +20,9 @@ import os
 
 import numpy as np
 
+from protos.enums import enum_name
 from trainer.data import files, packing
 from trainer.data.corpus import plan_corpus
-from trainer.data.defaults import enum_name
 from trainer.data.tokenized import tokenize_corpus
 
 MEANING = (

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from protos.config_yaml import ConfigError
 from trainer.data import corpus as corpus_mod
 from trainer.data import testdata
 from trainer.data.errors import CorpusError, DataConfigError
@@ -80,12 +81,12 @@ def test_jsonl_line_without_the_field(tmp_path):
 
 def test_sequence_length_below_two(corpus, tmp_path):
     cfg = testdata.data_config(input=str(corpus), seq_len=1)
-    fails(cfg, str(tmp_path / "cache"), DataConfigError, r"data\.seq_len: 1 must be at least 2")
+    fails(cfg, str(tmp_path / "cache"), ConfigError, r"data\.seq_len: 1 is not in \[2, ")
 
 
 def test_vocabulary_that_cannot_fit(corpus, tmp_path):
     cfg = testdata.data_config(input=str(corpus), vocab_size=100)
-    fails(cfg, str(tmp_path / "cache"), DataConfigError, r"data\.vocab_size: 100 cannot fit")
+    fails(cfg, str(tmp_path / "cache"), ConfigError, r"data\.vocab_size: 100 cannot fit")
 
 
 def test_missing_tokenizer_file(corpus, tmp_path):
@@ -106,7 +107,7 @@ def test_cli_names_the_flag_and_exits_2(corpus, tmp_path):
     cache = str(tmp_path / "cache")
     out = run_cli("build", "--input", str(corpus), "--seq-len", "1", "--cache-dir", cache)
     assert out.returncode == 2
-    assert "--seq-len (data.seq_len): 1 must be at least 2 tokens" in out.stderr
+    assert "--seq-len (data.seq_len): 1 is not in [2, 1,048,576]" in out.stderr
     out = run_cli("analyze", "--input", str(corpus), "--seq-len", "64,1", "--cache-dir", cache)
     assert out.returncode == 2 and "--seq-len" in out.stderr
     out = run_cli("build", "--input", str(corpus), "--vocab-size", "200", "--cache-dir", cache)

@@ -10,31 +10,20 @@ Exit status: 0 done, 2 bad input (the message names the flag or the file and lin
 
 import argparse
 import json
-import os
 import sys
 
+from protos.config_yaml import ConfigError
+from protos.enums import enum_value
+from protos.paths import PATH_FIELDS, precook_cache_dir, user_path
+from protos.validation import resolve_data
 from trainer.data import analyze as analyze_mod
-from trainer.data import defaults
-from trainer.data.errors import DataConfigError, PrecookError
+from trainer.data.errors import PrecookError
 from trainer.data.packing import STRATEGIES
 from trainer.data.precook import precook_dataset, reporter
 from trainer.data.shards import SPLITS
 
 FORMATS = ("text_files", "jsonl", "jsonl_chat")
 TOKENIZERS = ("bpe_train", "bpe_file", "cl100k")
-
-
-def _here(path: str) -> str:
-    """A user's path: relative to where they ran `bazel run` (Bazel changes the cwd)."""
-    base = os.environ.get("BUILD_WORKING_DIRECTORY", os.getcwd())
-    return os.path.join(base, os.path.expanduser(path)) if path else path
-
-
-def default_cache_dir() -> str:
-    if os.environ.get("KITCHEN_STATE_DIR"):
-        return os.path.join(os.environ["KITCHEN_STATE_DIR"], "precook")
-    root = os.environ.get("BUILD_WORKSPACE_DIRECTORY", os.getcwd())
-    return os.path.join(root, ".state", "precook")
 
 
 def _add_corpus_flags(p: argparse.ArgumentParser) -> None:
@@ -47,7 +36,7 @@ def _add_corpus_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=int, help="bpe_train: vocabulary size (default 4096)")
     p.add_argument("--tokenizer-path", default="", help="bpe_file: a tokenizer.json")
     p.add_argument("--workers", type=int, help="tokenizing processes (default: CPUs)")
-    p.add_argument("--cache-dir", default="", help="default $KITCHEN_STATE_DIR/precook")
+    p.add_argument("--cache-dir", default="", help="default <state dir>/precook (protos/paths)")
     p.add_argument("--eval-fraction", type=float, help="documents held out (default 0.02)")
     p.add_argument("--max-documents", type=int, help="use the first N documents (0 = all)")
     p.add_argument("--json", action="store_true", help="print JSON for machines")
@@ -73,8 +62,8 @@ def data_config(args):
     """The DataConfig the flags describe (unset flags stay unset: defaults apply later)."""
     from protos import trainer_config_pb2
 
-    cfg = trainer_config_pb2.DataConfig(input=_here(args.input))
-    cfg.tokenizer_path = _here(args.tokenizer_path)
+    cfg = trainer_config_pb2.DataConfig(input=args.input, tokenizer_path=args.tokenizer_path)
+    cfg.cache_dir = args.cache_dir
     for field in ("text_field", "prompt_field", "response_field", "vocab_size", "workers"):
         if getattr(args, field) is not None:
             setattr(cfg, field, getattr(args, field))
@@ -83,9 +72,12 @@ def data_config(args):
             setattr(cfg, field, getattr(args, field))
     for field in ("format", "tokenizer", "packing"):
         if getattr(args, field, None):
-            setattr(cfg, field, defaults.enum_value(cfg, field, getattr(args, field)))
+            setattr(cfg, field, enum_value(cfg, field, getattr(args, field), f"data.{field}"))
     if args.command == "build" and args.seq_len is not None:
         cfg.seq_len = args.seq_len
+    for section, field in PATH_FIELDS:
+        if section == "data":
+            setattr(cfg, field, user_path(getattr(cfg, field)))
     return cfg
 
 
@@ -93,9 +85,9 @@ def _seq_lens(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise DataConfigError("seq_len", f"{text!r} is not a comma-separated list") from None
+        raise ConfigError("data.seq_len", f"{text!r} is not a comma-separated list") from None
     if not values or min(values) < 2:
-        raise DataConfigError("seq_len", f"{text!r}: every length must be at least 2 tokens")
+        raise ConfigError("data.seq_len", f"{text!r}: every length must be at least 2 tokens")
     return sorted(set(values))
 
 
@@ -119,9 +111,9 @@ def _summary(ds) -> str:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     say = reporter(not args.json)
-    cache_dir = _here(args.cache_dir) or default_cache_dir()
     try:
         cfg = data_config(args)
+        cache_dir = precook_cache_dir(cfg)
         if args.command == "build":
             ds = precook_dataset(cfg, cache_dir, show_progress=not args.json)
             if args.json:
@@ -131,14 +123,14 @@ def main(argv=None) -> int:
                 print(_summary(ds))
             return 0
         seq_lens = _seq_lens(args.seq_len)
-        resolved = defaults.resolve(cfg)
-        plot = None if args.no_plot else _here(args.plot)
+        resolved = resolve_data(cfg)
+        plot = None if args.no_plot else user_path(args.plot)
         report = analyze_mod.analyze(resolved, cache_dir, seq_lens, plot, not args.json, say)
         print(json.dumps(report, indent=1) if args.json else analyze_mod.format_table(report))
         return 0
-    except DataConfigError as err:
-        flag = "--" + err.field.replace("_", "-")
-        print(f"precook: error: {flag} (data.{err.field}): {err.problem}", file=sys.stderr)
+    except ConfigError as err:  # every field is a flag: name both
+        flag = "--" + err.field.removeprefix("data.").replace("_", "-")
+        print(f"precook: error: {flag} ({err.field}): {err.problem}", file=sys.stderr)
         return 2
     except PrecookError as err:
         print(f"precook: error: {err}", file=sys.stderr)

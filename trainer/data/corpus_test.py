@@ -3,12 +3,13 @@ import os
 
 import pytest
 
-from trainer.data import corpus, defaults, testdata
+from protos.defaults import data_with_defaults
+from trainer.data import corpus, testdata
 from trainer.data.errors import CorpusError, DataConfigError
 
 
 def cfg(**fields):
-    return defaults.with_defaults(testdata.data_config(**fields))
+    return data_with_defaults(testdata.data_config(**fields))
 
 
 def records(plan, c):

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from protos.enums import enum_name
+from protos.validation import resolve_data
 from trainer.data import cache as cache_mod
-from trainer.data import defaults, manifest, packing, shards, tokenized
+from trainer.data import manifest, packing, shards, tokenized
 from trainer.data.corpus import plan_corpus
-from trainer.data.defaults import enum_name
 from trainer.data.errors import DataConfigError
 from trainer.data.progress import human
 from trainer.data.tokenizer import Tokenizer, from_section
@@ -144,10 +145,11 @@ def _build_dataset(tmp: str, cfg, key: str, tok_path: str, tok_manifest: dict, s
 def precook_dataset(cfg, cache_dir: str, *, show_progress: bool = True) -> PrecookedDataset:
     """Precook `cfg` (a kitchen.v1.DataConfig; unset fields take their defaults) under
     `cache_dir` (or else `cfg.cache_dir`), or find it there already precooked. Raises
-    PrecookError for bad input. Tokenizes in `spawn`ed worker processes, so a script that
-    calls it must do so under `if __name__ == "__main__":`."""
+    ConfigError for a config that cannot work, PrecookError for input that cannot be
+    precooked. Tokenizes in `spawn`ed worker processes, so a script that calls it must do so
+    under `if __name__ == "__main__":`."""
     say = reporter(show_progress)
-    cfg = defaults.resolve(cfg)
+    cfg = resolve_data(cfg)
     cache_dir = cache_dir or cfg.cache_dir
     if not cache_dir:
         raise DataConfigError("cache_dir", "no directory to precook into")

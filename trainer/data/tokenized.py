@@ -22,10 +22,11 @@ from array import array
 
 import numpy as np
 
+from protos.defaults import SPECIAL_TOKENS
+from protos.enums import enum_name
 from trainer.data import cache as cache_mod
 from trainer.data import files, manifest, tokenizer
 from trainer.data.corpus import CorpusPlan, input_hashes, read_unit
-from trainer.data.defaults import SPECIAL_TOKENS, enum_name
 from trainer.data.errors import CorpusError, DataConfigError
 from trainer.data.progress import Progress
 

@@ -11,7 +11,7 @@ import json
 import os
 import shutil
 
-from trainer.data.defaults import SPECIAL_TOKENS
+from protos.defaults import SPECIAL_TOKENS
 from trainer.data.errors import DataConfigError
 
 BOS_NAMES = ("<|bos|>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[CLS]")

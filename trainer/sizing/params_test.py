@@ -1,4 +1,4 @@
-from trainer.config import ffn_dim_for
+from protos.defaults import ffn_dim_for
 from trainer.sizing.params import llama_param_count
 
 

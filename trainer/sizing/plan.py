@@ -16,7 +16,7 @@ import os
 import re
 import sys
 
-from trainer.config import DEFAULTS, ffn_dim_for
+from protos.defaults import SECTIONS, ffn_dim_for
 from trainer.sizing import batch, flops, memory
 from trainer.sizing.accelerators import ACCELERATORS, match_accelerator
 from trainer.sizing.params import llama_param_count
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _shape(a) -> dict:
     shape = dict(PRESETS[a.preset]) if a.preset else {}
-    shape["tie_embeddings"] = False if a.preset else DEFAULTS["model"]["tie_embeddings"]
+    shape["tie_embeddings"] = False if a.preset else SECTIONS["model"]["tie_embeddings"].default
     for key in ("layers", "dim", "heads", "kv_heads", "ffn_dim", "vocab", "tie_embeddings"):
         if getattr(a, key) is not None:
             shape[key] = getattr(a, key)

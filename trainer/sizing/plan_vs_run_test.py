@@ -1,6 +1,6 @@
 """The plan's predictions against a real run of the trainer's model on this CPU.
 
-The model is Kitchen's default tiny config (trainer/config.py defaults: d 256, 4 layers,
+The model is Kitchen's default tiny config (protos/defaults.py: d 256, 4 layers,
 8 heads, vocab 4096, sequences of 256, micro batch 8), trained in fp32 with AdamW as the trainer
 does on a CPU. Checked: the parameter count (exact), FLOPs per token (torch's FlopCounterMode,
 which counts every matmul of the forward and backward passes), and peak memory.
@@ -33,9 +33,9 @@ SHAPE_FLAGS = ("--layers", "--dim", "--heads", "--vocab", "--seq-len", "--micro-
 
 def tiny_config():
     from protos import trainer_config_pb2
-    from trainer.config import resolve
+    from protos.validation import resolve_trainer
 
-    return resolve(trainer_config_pb2.TrainerConfig())
+    return resolve_trainer(trainer_config_pb2.TrainerConfig())
 
 
 def tiny_batch(cfg):
