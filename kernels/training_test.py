@@ -53,7 +53,7 @@ class TinyLM(nn.Module):
         super().__init__()
         self.ops, self.fused_loss = ops, fused_loss
         self.embed = nn.Embedding(VOCAB, DIM)
-        self.rope = RotaryEmbedding(HEAD_DIM)
+        self.rope = RotaryEmbedding(HEAD_DIM, max_len=SEQ)
         self.blocks = nn.ModuleList(Block(ops) for _ in range(LAYERS))
         self.norm = nn.Parameter(torch.ones(DIM))
         self.head = nn.Linear(DIM, VOCAB, bias=False)
@@ -111,7 +111,7 @@ def test_activation_checkpointing_recomputes_the_same_gradients():
     torch.manual_seed(1)
     block = Block(kernels)
     x = torch.randn(BATCH, SEQ, DIM)
-    cos, sin = RotaryEmbedding(HEAD_DIM).cos_sin(_batch()[1])
+    cos, sin = RotaryEmbedding(HEAD_DIM, max_len=SEQ).cos_sin(_batch()[1])
     grads = []
     for recompute in (False, True):
         block.zero_grad()

@@ -5,8 +5,9 @@ document. Attention never crosses a document boundary: a block-diagonal causal m
 `document_ids`, or on CUDA in bf16 the variable-length flash path, which skips the masked
 blocks instead of computing and discarding them.
 
-The elementwise ops and the loss go through `ops`: the `kernels` package (fused Triton) where
-it runs, else `kernels.reference` (plain PyTorch, same signatures).
+The norms, the MLP and the rotary tables are `kernels.modules`' layers; they and the loss go
+through `ops`: the `kernels` package (fused Triton) where it runs, else `kernels.reference`
+(plain PyTorch, same signatures).
 """
 
 import functools
@@ -21,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 import kernels
 from kernels import reference
+from kernels.modules import RMSNorm, RotaryEmbedding, SwiGLUMLP
 
 
 def select_ops(use_kernels: bool, device):
@@ -70,14 +72,6 @@ def attention_layout(document_ids: torch.Tensor, device, dtype) -> Layout:
     return Layout(mask=mask[:, None].to(device))
 
 
-def rope_tables(head_dim: int, max_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin, (max_len, head_dim), rotate-half convention."""
-    freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.outer(torch.arange(max_len, dtype=torch.float64), freqs)
-    angles = torch.cat([angles, angles], dim=-1)
-    return angles.cos().float(), angles.sin().float()
-
-
 class KVCache:
     """Keys and values of every layer for incremental decoding; `pos` tokens are filled."""
 
@@ -87,17 +81,6 @@ class KVCache:
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
         self.pos = 0
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float, ops):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-        self.ops = ops
-
-    def forward(self, x):
-        return self.ops.rms_norm(x, self.weight, self.eps)
 
 
 class Attention(nn.Module):
@@ -171,25 +154,13 @@ def _varlen(q, k, v, layout: Layout):
     return out.view(B, S, H, D)
 
 
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int, ops):
-        super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)  # gate
-        self.w3 = nn.Linear(dim, hidden, bias=False)  # up
-        self.w2 = nn.Linear(hidden, dim, bias=False)  # down
-        self.ops = ops
-
-    def forward(self, x):
-        return self.w2(self.ops.swiglu(self.w1(x), self.w3(x)))
-
-
 class Block(nn.Module):
     def __init__(self, cfg, ops, recompute: str):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         self.attention = Attention(cfg, ops)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
-        self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim, ops)
+        self.feed_forward = SwiGLUMLP(cfg.dim, cfg.ffn_dim, ops)
         self.recompute = recompute  # "NONE", "SELECTIVE" (attention) or "FULL" (the block)
 
     def _attend(self, x, cos, sin, layout, cache=None, layer=0):
@@ -221,9 +192,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta)
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.rope = RotaryEmbedding(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta, ops)
         self.ops = ops
         self.init_weights()
 
@@ -241,7 +210,7 @@ class Transformer(nn.Module):
     def hidden(self, input_ids, position_ids, layout: Layout | None = None, cache=None):
         """The final normed hidden states, (B, T, dim)."""
         layout = layout or Layout()
-        cos, sin = self.rope_cos[position_ids], self.rope_sin[position_ids]
+        cos, sin = self.rope.cos_sin(position_ids)  # once per step, shared by every layer
         x = self.tok_embeddings(input_ids)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, layout, cache, i)

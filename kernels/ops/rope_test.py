@@ -16,7 +16,7 @@ SHAPES = [(1, 1, 1, 1, 2), (2, 5, 4, 2, 10), (2, 3, 6, 2, 64)]
 def _cos_sin(batch, seq, head_dim, dtype=torch.float32):
     # Per-token positions that restart, as packed documents do.
     positions = torch.arange(seq).repeat(batch, 1) % 3
-    cos, sin = RotaryEmbedding(head_dim).cos_sin(positions)
+    cos, sin = RotaryEmbedding(head_dim, max_len=3).cos_sin(positions)
     return cos.to(dtype), sin.to(dtype)
 
 
