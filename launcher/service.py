@@ -51,6 +51,10 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
             )
         return self.controller.overlay(job)
 
+    def _team_of_job(self, job_id: str) -> str | None:
+        job = self.store.get(job_id)
+        return None if job is None else job.spec.team
+
     def SubmitJob(self, request, context):
         caller = self._caller(context)
         spec = job_pb2.JobSpec()
@@ -65,7 +69,7 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
                     )
                 setattr(spec, field, theirs or mine)
         try:
-            pool = validation.validate(spec, self.cfg)
+            pool = validation.validate(spec, self.cfg, self._team_of_job)
         except ConfigError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spec.{e.field}: {e.problem}")
         job, _ = self.controller.submit(job_pb2.Job(spec=spec, pool=pool), request.request_id)

@@ -2,19 +2,29 @@
 
 The schema's rules (protos/validation.py) are the trainer's own: the job the launcher accepts
 is the job the trainer accepts, and a broken job fails in the submit call, not hours later.
-What only this launcher knows is checked here: the pool exists and is big enough, the team's
-quota could ever fit the job, the pool can run its image.
+What only this launcher knows is checked here: the paths are ones its policy lets the job
+use (launcher/path_policy.py), the pool exists and is big enough, the team's quota could ever
+fit the job, the pool can run its image.
 """
 
+from collections.abc import Callable
+
+from launcher import path_policy
 from launcher.executors import image
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError
 from protos.validation import validate_job_spec
 
 
-def validate(spec: job_pb2.JobSpec, cfg: launcher_pb2.LauncherConfig) -> str:
-    """The pool the job runs in, or a ConfigError naming the first bad field."""
+def validate(
+    spec: job_pb2.JobSpec,
+    cfg: launcher_pb2.LauncherConfig,
+    team_of_job: Callable[[str], str | None],
+) -> str:
+    """The pool the job runs in, or a ConfigError naming the first bad field. `team_of_job`
+    gives a stored job's team (None: no such job), for the path policy."""
     validate_job_spec(spec)
+    path_policy.check(spec, cfg, team_of_job)
     r = spec.resources
     pools = {p.name: p for p in cfg.pools}
     pool_name = r.pool or cfg.default_pool
