@@ -99,7 +99,7 @@ def test_hostile_specs_never_stop_the_launcher(launcher, caplog):
             assert len(e.details()) < 1000 and e.details().startswith("spec."), (picked, e)
             refused.append(picked)
     assert refused and len(refused) + len(accepted) == SPECS
-    for picked, job in accepted:  # what passed the rules is a job that can run: it ends
+    for _, job in accepted:  # what passed the rules is a job that can run: it ends
         h.wait_for(client, job.id, h.FINAL, timeout=60)
     assert h.wait_for(client, victim.id, h.FINAL, timeout=60).state == job_pb2.SUCCEEDED
     failures = [r for r in caplog.records if "loop iteration failed" in r.getMessage()]
