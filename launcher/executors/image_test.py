@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from launcher import settings
+from launcher.executors import handoff
 from launcher.executors.base import Launch, attempt_dir, read_json
 from launcher.executors.slurm import SlurmExecutor
 from launcher.testdata import harness
@@ -104,20 +105,25 @@ def test_an_image_job_runs_one_process(tmp_path):
 
 
 def test_a_slurm_batch_script_runs_the_trainer_through_run_image(tmp_path):
-    cfg = settings.resolve(harness.config(tmp_path))
+    ca = tmp_path / "ca.pem"
+    ca.write_text("a PEM root certificate\n")
+    cfg = settings.resolve(harness.config(tmp_path, advertise="127.0.0.1:1", tls_cert=str(ca)))
     job = job_pb2.Job(id="j1", attempts=1, run_dir=str(tmp_path / "run"))
     job.spec.image = f"127.0.0.1:5000/kitchen/trainer@{DIGEST}"
-    args = ["--spec", "job.json", "--run-dir", job.run_dir]
-    env = {"KITCHEN_STATE_DIR": str(tmp_path), "PYTHONPATH": "/host/only"}
+    env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": "/host/only"}
     handle = {"attempt_dir": attempt_dir(job.run_dir, 1), "launched_at": 0.0}
-    launch = Launch(job, [*cfg.trainer_cmd, *args], env, handle, args)
+    attempt = handoff.write(job, cfg, handle["attempt_dir"], "the-attempt-token")
+    launch = Launch(job, attempt, list(cfg.trainer_cmd), env, handle)
     script = SlurmExecutor(cfg.pools[0].slurm, [], images=cfg.images)._script(launch)
     command = shlex.split(script.splitlines()[-1])
     run_image = command.index("--")  # attempt_wrapper.py ... -- run_image.py ...
+    precook = os.path.join(cfg.state_dir, "precook")
     assert command[run_image + 1 :] == [
         *cfg.images.run_image_cmd,
         "--image", job.spec.image, "--runtime", "bwrap",
-        "--bind", job.run_dir, "--bind", str(tmp_path / "precook"),
-        f"--env=KITCHEN_STATE_DIR={tmp_path}",
-        "--", *args,
+        "--bind", job.run_dir, "--bind", precook, "--bind", str(ca),
+        "--env=PYTHONUNBUFFERED=1",
+        "--", "--attempt", os.path.join(handle["attempt_dir"], "attempt.json"),
     ]  # fmt: skip
+    assert os.path.isdir(precook)  # a bind mount's source must exist
+    assert "the-attempt-token" not in script  # it is in the token file, in the run dir
