@@ -115,7 +115,7 @@ class Controller:
         current = self.jobs.add_progress(job_id, attempt, progress, self.clock())
         if current is None:
             return False
-        self.metrics.progress(*current)
+        self._effect("metrics", lambda: self.metrics.progress(*current))
         self.events.publish(job_id)
         return True
 

@@ -4,11 +4,12 @@ A failure that comes back every pass (a full disk under the store, squeue gone, 
 job's spec triggers) must neither spin the loop nor write a traceback per pass. `Holds` keeps,
 per key (a job id, a pool), when to try again: the delay doubles from HOLD_FIRST_SECONDS up to
 HOLD_MAX_SECONDS and a success clears it. `ErrorLog` logs each distinct error once, with its
-traceback, and says once when its kind works again.
+traceback, and says once when its kind works again (from any thread).
 """
 
 import dataclasses
 import logging
+import threading
 
 HOLD_FIRST_SECONDS = 0.5
 HOLD_MAX_SECONDS = 30.0
@@ -50,19 +51,22 @@ class ErrorLog:
 
     def __init__(self, log: logging.Logger):
         self.log = log
+        self._lock = threading.Lock()
         self._seen: dict[str, dict[str, int]] = {}  # kind -> {error text: times}
 
     def failed(self, kind: str, error: BaseException, what: str = ""):
         text = f"{type(error).__name__}: {error}"
-        seen = self._seen.setdefault(kind, {})
-        seen[text] = seen.get(text, 0) + 1
-        if seen[text] == 1:
+        with self._lock:
+            seen = self._seen.setdefault(kind, {})
+            seen[text] = times = seen.get(text, 0) + 1
+        if times == 1:
             self.log.error(
                 "%s%s failed: %s (logged once; retried with backoff)",
                 kind, f" ({what})" if what else "", text, exc_info=error,
             )  # fmt: skip
 
     def recovered(self, kind: str):
-        seen = self._seen.pop(kind, None)
+        with self._lock:
+            seen = self._seen.pop(kind, None)
         if seen:
             self.log.warning("%s works again (after %d failures)", kind, sum(seen.values()))

@@ -71,6 +71,15 @@ def wait_for_step(client, job_id, step, timeout=30.0) -> job_pb2.Job:
     return job
 
 
+def wait_until(ready, what: str, timeout=30.0):
+    """Polls `ready()` until it is true; fails naming `what` if it never is."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
+
+
 def steps_log(job) -> list[tuple[int, int]]:
     """(attempt, step) for every step the fake trainer ran for this job."""
     path = os.path.join(job.run_dir, "steps.log")
