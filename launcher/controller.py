@@ -5,14 +5,15 @@ the executors, stops hung jobs, runs a scheduling pass when something changed, a
 progress. Memory holds one record per unfinished job (launcher/unfinished.py: `Queued` or
 `LiveAttempt`); talking to executors is launcher/attempts.py.
 
-Every change is all-or-nothing: the new Job is computed on a copy (launcher/transitions.py),
-written to the store, and only then swapped into memory. A state change is stored before it
-is acted on (STARTING before the process starts, a stop reason before the signal), so a
-launcher killed at any point resumes the same plan: `recover()` re-reads unfinished jobs,
-re-attaches to running attempts and finishes stops. When handling one job fails:
+Every change is all-or-nothing (launcher/job_steps.py): the new Job is computed on a copy
+(launcher/transitions.py), written to the store, and only then swapped into memory. A state
+change is stored before it is acted on (STARTING before the process starts, a stop reason
+before the signal), so a launcher killed at any point resumes the same plan: `recover()`
+re-reads unfinished jobs, re-attaches to running attempts and finishes stops. When handling
+one job fails:
 - the store write failed: memory stays as it was; the job is held back and retried later
-  with a doubling delay (launcher/faults.py), the error logged once and raised to a cancel's
-  caller as it is; the loop carries on with the other jobs and recovers when the cause goes;
+  with a doubling delay, the error logged once and raised to a cancel's caller as it is; the
+  loop carries on with the other jobs and recovers when the cause goes;
 - anything else (a spec the code chokes on, a broken stored handle): that job is stored
   FAILED with the reason and leaves memory (its process, if any, is killed); no other job
   notices.
@@ -22,7 +23,6 @@ A pass that fails as a whole is retried with the same doubling delay: the loop n
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import queue
 import secrets
 import threading
@@ -32,9 +32,11 @@ from launcher import scheduler, transitions
 from launcher.attempts import Attempts
 from launcher.executors.base import Observed, Status
 from launcher.faults import ErrorLog, Holds
+from launcher.job_steps import JobSteps, StoreError
 from launcher.transitions import FINAL
 from launcher.unfinished import LiveAttempt, Queued, UnfinishedJobs
-from protos import job_pb2
+from protos import job_pb2, launcher_pb2
+from protos.paths import run_dir_for
 
 log = logging.getLogger("kitchen.launcher")
 PROGRESS_FLUSH_SECONDS = 2.0
@@ -54,19 +56,19 @@ class CancelRequest:
     done: concurrent.futures.Future  # gets the Job once the cancel is stored, or the error
 
 
-class StoreError(Exception):
-    """A store write failed; `error` is what the store raised."""
-
-    def __init__(self, error: Exception):
-        super().__init__(str(error))
-        self.error = error
-
-
 class Controller:
     def __init__(
-        self, cfg, store, executors, metrics, events, clock=time.time, auth=False, env=None
+        self,
+        cfg: launcher_pb2.LauncherConfig,
+        store,
+        executors: dict,
+        metrics,
+        events,
+        clock=time.time,
+        auth=False,
+        env=None,
     ):
-        self.cfg = cfg  # resolved LauncherConfig
+        self.cfg = cfg  # resolved
         self.store = store
         self.metrics = metrics
         self.events = events
@@ -77,11 +79,13 @@ class Controller:
         self.jobs = UnfinishedJobs()
         self._inbox = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._doomed: dict[str, tuple[job_pb2.Job, str]] = {}  # to store FAILED: job, reason
         self._holds = Holds()
         self._errors = ErrorLog(log)
         self.attempts = Attempts(cfg, executors, dict(env or {}), self._errors, self._holds)
-        self._need_pass = True
+        self.steps = JobSteps(
+            store, self.jobs, self.attempts, self._holds, self._errors, metrics, events,
+            self.pools, clock,
+        )  # fmt: skip
         self._wake_at = None
         self._next_pass_at = 0.0
         self._last_flush = 0.0
@@ -94,9 +98,9 @@ class Controller:
         job.state = job_pb2.QUEUED
         transitions.stamp(job.created, self.clock())
         job.queued.CopyFrom(job.created)
-        runs = os.path.join(self.cfg.state_dir, "runs")
+        state = self.cfg.state_dir
         job, created = self.store.insert(
-            job, request_id, on_id=lambda j: setattr(j, "run_dir", os.path.join(runs, j.id))
+            job, request_id, on_id=lambda j: setattr(j, "run_dir", run_dir_for(state, j.id))
         )
         if created:
             self._inbox.put(Submitted(job))
@@ -115,7 +119,7 @@ class Controller:
         current = self.jobs.add_progress(job_id, attempt, progress, self.clock())
         if current is None:
             return False
-        self._effect("metrics", lambda: self.metrics.progress(*current))
+        self.steps.effect("metrics", lambda: self.metrics.progress(*current))
         self.events.publish(job_id)
         return True
 
@@ -150,25 +154,23 @@ class Controller:
                     self.run_once()
                     self._holds.clear("loop")
                     self._errors.recovered("control loop")
+                    if self.jobs.need_pass:
+                        timeout = min(timeout, max(self._next_pass_at - self.clock(), 0.0))
                 except Exception as e:
                     self._errors.failed("control loop", e)
                     timeout = self._holds.hold("loop", e, now).delay
-                if self._need_pass:
-                    timeout = min(timeout, max(self._next_pass_at - self.clock(), 0.0))
             self._wake.wait(timeout)
             self._wake.clear()
 
     def run_once(self):
         now = self.clock()
         self._drain_inbox(now)
-        for job_id, (job, reason) in list(self._doomed.items()):
-            if not self._holds.held(job_id, now):
-                self._fail(job_id, reason, job)
+        self.steps.retry_doomed(now)
         self._poll(now)
         for job_id, live in list(self.jobs.live.items()):
             if not self._holds.held(job_id, now):
-                self._handle(job_id, "watching it", lambda v=live: self._check(v, now))
-        due = self._need_pass or (self._wake_at is not None and now >= self._wake_at)
+                self.steps.run(job_id, "watching it", lambda v=live: self._check(v, now))
+        due = self.jobs.need_pass or (self._wake_at is not None and now >= self._wake_at)
         if due and now >= self._next_pass_at:
             self._schedule(now)
         if now - self._last_flush >= PROGRESS_FLUSH_SECONDS:
@@ -179,12 +181,12 @@ class Controller:
         """Takes up the unfinished jobs of the store (after a restart or a crash)."""
         now = self.clock()
         for job in self.store.unfinished():
-            self._handle(job.id, "taking it up again", lambda j=job: self._recover(j, now), job)
+            self.steps.run(job.id, "taking it up again", lambda j=job: self._recover(j, now), job)
         self.jobs.update_fleet(self.pools)
 
     def _recover(self, job, now):
         if job.pool not in self.pools:
-            self._fail(job.id, f"pool {job.pool!r} is not configured", job)
+            self.steps.fail(job.id, f"pool {job.pool!r} is not configured", job)
         elif job.state in (job_pb2.QUEUED, job_pb2.PREEMPTED):
             self._enqueue(job)
         else:
@@ -194,82 +196,6 @@ class Controller:
                 self._signal_stop(live, now)
             state = transitions.state_name(job)
             log.info("re-attached %s (%s, attempt %d)", job.id, state, job.attempts)
-
-    # ---------------------------------------------------------------- all-or-nothing steps
-
-    def _save(self, job: job_pb2.Job, attempt_token: str | None = None) -> job_pb2.Job:
-        """Stores `job` (the one way the controller writes); a failure raises StoreError."""
-        try:
-            self.store.update(job, attempt_token=attempt_token)
-        except Exception as e:
-            raise StoreError(e) from e
-        self._holds.clear(job.id)
-        self._errors.recovered("store write")
-        return job
-
-    def _handle(self, job_id: str, what: str, step, job=None) -> bool:
-        """Runs one job's `step`; True if it went through (see the module docstring)."""
-        if job_id in self._doomed:
-            return False
-        try:
-            step()
-            return True
-        except StoreError as e:
-            self._hold(job_id, e.error)
-        except Exception as e:
-            log.error("%s: error while %s", job_id, what, exc_info=e)
-            self._fail(job_id, f"launcher error while {what}: {type(e).__name__}: {e}", job)
-        return False
-
-    def _hold(self, job_id: str, error: Exception):
-        self._errors.failed("store write", error)
-        hold = self._holds.hold(job_id, error, self.clock())
-        queued = self.jobs.queued.get(job_id)
-        if queued is not None:  # the scheduler sees it again once the hold ends
-            not_before = max(queued.demand.not_before, hold.retry_at)
-            self.jobs.put(
-                Queued(queued.job, dataclasses.replace(queued.demand, not_before=not_before))
-            )
-            self._need_pass = True
-
-    def _fail(self, job_id: str, reason: str, job=None):
-        """Stores the job FAILED with `reason` and drops it from memory; never raises."""
-        live, queued = self.jobs.live.get(job_id), self.jobs.queued.get(job_id)
-        current = live.job if live else queued.job if queued else job
-        if current is None:
-            return
-        try:
-            failed = self._save(transitions.finished(current, job_pb2.FAILED, reason, self.clock()))
-        except StoreError as e:
-            self._doomed[job_id] = (current, reason)
-            self._hold(job_id, e.error)
-            return
-        except Exception as e:  # cannot even say FAILED: the next launcher takes it up
-            log.error("%s: cannot record the failure %r", job_id, reason, exc_info=e)
-            failed = None
-        self.jobs.drop(job_id)
-        self._doomed.pop(job_id, None)
-        log.error("%s FAILED: %s", job_id, reason)
-        if live is not None:  # its process may still run
-            self.attempts.kill(live)
-            if failed is not None:
-                self._effect("metrics", lambda: self.metrics.attempt_ended(failed, False))
-        self._changed(job_id, final=True)
-
-    def _effect(self, kind: str, call):
-        """What follows a stored change (metrics): a failure is logged, not fatal."""
-        try:
-            call()
-        except Exception as e:
-            self._errors.failed(kind, e)
-
-    def _changed(self, job_id: str, final: bool):
-        if final:
-            self._need_pass = True
-            self.jobs.update_fleet(self.pools)
-        self.events.publish(job_id)
-        if final:
-            self.events.forget(job_id)
 
     # ---------------------------------------------------------------- inbox
 
@@ -281,14 +207,14 @@ class Controller:
                 return
             if isinstance(message, Submitted):
                 job = message.job
-                self._handle(job.id, "queueing it", lambda j=job: self._enqueue(j), job)
+                self.steps.run(job.id, "queueing it", lambda j=job: self._enqueue(j), job)
                 continue
             try:
                 message.done.set_result(self._cancel(message.job_id, now))
             except StoreError as e:
                 message.done.set_exception(e.error)  # the caller sees the store's error
             except Exception as e:
-                self._fail(message.job_id, f"launcher error while cancelling it: {e}")
+                self.steps.fail(message.job_id, f"launcher error while cancelling it: {e}")
                 try:
                     message.done.set_result(self.store.get(message.job_id))
                 except Exception as e2:
@@ -296,21 +222,23 @@ class Controller:
 
     def _enqueue(self, job):
         self.jobs.put(Queued(job, transitions.demand(job)))
-        self._need_pass = True
+        self.jobs.need_pass = True
         self.events.publish(job.id)
 
     def _cancel(self, job_id, now) -> job_pb2.Job | None:
-        if job_id in self._doomed:
-            job, reason = self._doomed[job_id]
-            self._fail(job_id, reason, job)
+        if job_id in self.steps.doomed:
+            job, reason = self.steps.doomed[job_id]
+            self.steps.fail(job_id, reason, job)
             return self.store.get(job_id)
         queued = self.jobs.queued.get(job_id)
         if queued is not None:
             reason = "cancelled before it started"
-            cancelled = self._save(transitions.finished(queued.job, job_pb2.CANCELLED, reason, now))
+            cancelled = self.steps.save(
+                transitions.finished(queued.job, job_pb2.CANCELLED, reason, now)
+            )
             self.jobs.drop(job_id)
-            self._effect("metrics", lambda: self.metrics.attempt_ended(cancelled, False))
-            self._changed(job_id, final=True)
+            self.steps.effect("metrics", lambda: self.metrics.attempt_ended(cancelled, False))
+            self.steps.changed(job_id, final=True)
             return cancelled
         live = self.jobs.live.get(job_id)
         if live is None:
@@ -325,10 +253,10 @@ class Controller:
         live = {
             job_id: attempt
             for job_id, attempt in self.jobs.live.items()
-            if job_id not in self._doomed and not self._holds.held(job_id, now)
+            if job_id not in self.steps.doomed and not self._holds.held(job_id, now)
         }
         for job_id, seen in self.attempts.poll(live, now):
-            self._handle(
+            self.steps.run(
                 job_id,
                 "following its attempt",
                 lambda v=live[job_id], s=seen: self._observed(v, s, now),
@@ -336,7 +264,7 @@ class Controller:
 
     def _observed(self, live: LiveAttempt, seen: Observed, now):
         if seen.status == Status.RUNNING and live.job.state == job_pb2.STARTING:
-            live.job = self._save(transitions.launched(live.job, live.handle, running=True))
+            live.job = self.steps.save(transitions.launched(live.job, live.handle, running=True))
             self.events.publish(live.job.id)
         elif seen.status not in (Status.PENDING, Status.RUNNING):
             self._attempt_ended(live, seen, now)
@@ -354,7 +282,7 @@ class Controller:
                 self._stop(live, job_pb2.STOP_HANG, reason, now)
 
     def _stop(self, live: LiveAttempt, stop: int, reason: str, now):
-        live.job = self._save(transitions.stopping(live.job, stop, reason))
+        live.job = self.steps.save(transitions.stopping(live.job, stop, reason))
         self._signal_stop(live, now)
         self.events.publish(live.job.id)
 
@@ -371,15 +299,15 @@ class Controller:
         ended = transitions.ended(job, out, never, *self.jobs.progress_of(live), now)
         final = ended.state in FINAL
         queued = None if final else Queued(ended, transitions.demand(ended))
-        self._save(ended)
+        self.steps.save(ended)
         if final:
             self.jobs.drop(job.id)
         else:
             self.jobs.put(queued)
-        self._need_pass = True
+        self.jobs.need_pass = True
         log.info("%s: attempt %d ended: %s", job.id, job.attempts, out.reason)
-        self._effect("metrics", lambda: self.metrics.attempt_ended(ended, out.preempted))
-        self._changed(job.id, final)
+        self.steps.effect("metrics", lambda: self.metrics.attempt_ended(ended, out.preempted))
+        self.steps.changed(job.id, final)
 
     # ---------------------------------------------------------------- scheduling
 
@@ -387,25 +315,25 @@ class Controller:
         """One pass: plan, then act. Its duration (the decision, without starting processes
         or signalling them) is kitchen_scheduler_pass_duration_seconds."""
         started = time.perf_counter()
-        plan = self._plan(self.jobs.demands(skip=self._doomed), self.jobs.holdings(), now)
+        plan = self._plan(self.jobs.demands(skip=self.steps.doomed), self.jobs.holdings(), now)
         for job_id in plan.waiting:
             hold = self._holds.get(job_id)
             if hold is not None:
                 plan.waiting[job_id] = f"the launcher could not store its start ({hold.error})"
         changed = self.jobs.set_waiting(plan.waiting)
-        self._wake_at, self._need_pass = plan.wake_at, False
+        self._wake_at, self.jobs.need_pass = plan.wake_at, False
         took = time.perf_counter() - started
         self.metrics.scheduler_pass.observe(took)
         self._next_pass_at = now + PASS_SPACING * took
         for job_id in plan.preempt:
             log.info("preempting %s for a higher-priority job", job_id)
             live = self.jobs.live[job_id]
-            self._handle(
+            self.steps.run(
                 job_id, "preempting it", lambda v=live: self._stop(v, job_pb2.STOP_PREEMPT, "", now)
             )
         for job_id, allocation in plan.start.items():
             queued = self.jobs.queued[job_id]
-            self._handle(
+            self.steps.run(
                 job_id, "starting it", lambda q=queued, a=allocation: self._start(q, a, now)
             )
         self.jobs.update_fleet(self.pools)
@@ -413,11 +341,11 @@ class Controller:
 
     def _plan(self, demands, holdings, now) -> scheduler.Plan:
         """scheduler.plan; when it raises, the demands that make it raise alone are FAILED and
-        the rest is planned (a failure that no single job explains fails the pass)."""
+        the rest is planned (a failure that no queued job explains fails the pass)."""
         try:
             return scheduler.plan(self.pools, self.quotas, demands, holdings, now)
         except Exception:
-            pass
+            scheduler.plan(self.pools, self.quotas, [], holdings, now)  # raises: not theirs
         sound = []
         for d in demands:
             try:
@@ -425,24 +353,28 @@ class Controller:
                 sound.append(d)
             except Exception as e:
                 log.error("%s: the scheduler cannot place it", d.job_id, exc_info=e)
-                self._fail(d.job_id, f"launcher error while scheduling it: {type(e).__name__}: {e}")
+                self.steps.fail(
+                    d.job_id, f"launcher error while scheduling it: {type(e).__name__}: {e}"
+                )
         return scheduler.plan(self.pools, self.quotas, sound, holdings, now)
 
     def _start(self, queued: Queued, allocation, now):
         starting = transitions.started(queued.job, allocation, now)
         token = secrets.token_urlsafe(24) if self.auth else ""
-        self._save(starting, attempt_token=token)  # durable before anything starts
+        self.steps.save(starting, attempt_token=token)  # durable before anything starts
         live = LiveAttempt(starting, transitions.parse_handle(starting), started_at=now)
         self.jobs.put(live)
         waited = now - transitions.seconds(starting.queued)
-        self._effect("metrics", lambda: self.metrics.attempt_started(starting, waited))
+        self.steps.effect("metrics", lambda: self.metrics.attempt_started(starting, waited))
         try:
             live.handle, status = self.attempts.start(starting, live.handle, token)
         except Exception as e:
             log.exception("%s: could not start attempt %d", starting.id, starting.attempts)
             self._attempt_ended(live, Observed(Status.LOST, None, f"could not start: {e}"), now)
             return
-        live.job = self._save(transitions.launched(starting, live.handle, status == Status.RUNNING))
+        live.job = self.steps.save(
+            transitions.launched(starting, live.handle, status == Status.RUNNING)
+        )
         state = transitions.state_name(live.job).lower()
         log.info("%s: attempt %d %s", starting.id, starting.attempts, state)
         self.events.publish(starting.id)
@@ -451,8 +383,8 @@ class Controller:
         for live, progress, at in self.jobs.take_unsaved_progress():
 
             def record(live=live, progress=progress, at=at):
-                live.job = self._save(transitions.with_progress(live.job, progress, at))
+                live.job = self.steps.save(transitions.with_progress(live.job, progress, at))
 
             held = self._holds.held(live.job.id, self.clock())
-            if held or not self._handle(live.job.id, "recording its progress", record):
+            if held or not self.steps.run(live.job.id, "recording its progress", record):
                 self.jobs.mark_unsaved(live)  # the next flush tries again

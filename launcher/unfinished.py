@@ -43,6 +43,7 @@ class UnfinishedJobs:
         self.live: dict[str, LiveAttempt] = {}
         self._waiting: dict[str, str] = {}  # job_id -> why it waits (the last pass's words)
         self._fleet = {"queued": {}, "pools": {}}
+        self.need_pass = True  # the queue or the capacity changed: a scheduling pass is due
 
     # ---------------------------------------------------------------- loop thread
 
