@@ -23,6 +23,7 @@ from launcher import scheduler, transitions
 from launcher.executors import handoff
 from launcher.executors.attempt_wrapper import start_ticks
 from launcher.executors.base import attempt_dir, read_json
+from launcher.store import JobStore
 from launcher.testdata import harness as h
 from protos import job_pb2
 
@@ -160,6 +161,27 @@ def test_a_spec_that_breaks_the_arithmetic_fails_alone(tmp_path, field, value, r
             assert done.exit_reason.startswith("launcher error while following its attempt: ")
             assert reason in done.exit_reason
         assert h.wait_for(client, good.id, h.FINAL).state == job_pb2.SUCCEEDED
+    finally:
+        client.close()
+        launcher.stop()
+
+
+def test_a_half_changed_row_from_an_older_launcher_fails_alone_at_recovery(tmp_path):
+    cfg = h.config(tmp_path)
+    store = JobStore(os.path.join(cfg.state_dir, "jobs.sqlite"))
+    rows = []
+    for name, state in (("half", job_pb2.RUNNING), ("queued", job_pb2.QUEUED)):
+        job, _ = store.insert(job_pb2.Job(spec=h.spec(name, steps=3), pool="cpu", state=state))
+        job.run_dir = os.path.join(cfg.state_dir, "runs", job.id)
+        store.update(job)  # "half": RUNNING without a handle, as the old controller left it
+        rows.append(job)
+    store.close()
+    launcher, client = h.start(cfg)
+    try:
+        half = client.get(rows[0].id)
+        assert half.state == job_pb2.FAILED
+        assert half.exit_reason.startswith("launcher error while taking it up again: ")
+        assert h.wait_for(client, rows[1].id, h.FINAL).state == job_pb2.SUCCEEDED
     finally:
         client.close()
         launcher.stop()
