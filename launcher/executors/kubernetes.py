@@ -92,6 +92,8 @@ def _handoff_objects(launch: Launch, name: str, labels: dict) -> tuple[list, dic
                 "data": {handoff.TOKEN_FILE: token},
             }
         )
+        # Readable by the file's owner only: root, as Kitchen's images run (an image with
+        # another user would need the pod's fsGroup).
         item = {"key": handoff.TOKEN_FILE, "path": handoff.TOKEN_FILE, "mode": 0o400}
         sources.append({"secret": {"name": name, "items": [item]}})
     volume = {"name": "attempt", "projected": {"sources": sources, "defaultMode": 0o444}}
