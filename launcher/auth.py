@@ -8,7 +8,8 @@ The tokens file is YAML onto `kitchen.v1.AccessTokens`:
 
 Clients send `authorization: Bearer <token>`. A user sees and cancels only their team's jobs;
 an admin sees all. Trainers report progress with the per-attempt token the launcher gives them
-(KITCHEN_LAUNCHER_TOKEN), checked by the service itself, so ReportProgress passes through here.
+(a 0600 file named in its attempt.json), checked by the service itself, so ReportProgress
+passes through here.
 """
 
 import hmac

@@ -1,68 +1,91 @@
 """The launcher's control loop: the only writer of job state after submission.
 
-One thread takes submissions and cancels from an inbox, polls the executors, stops hung jobs,
-runs a scheduling pass when something changed, and records progress. Every state change is
-written to the store before it is acted on (STARTING is stored before the process starts, a
-stop reason before the signal), so a launcher killed at any point resumes the same plan:
-`recover()` re-reads unfinished jobs, re-attaches to running attempts and finishes stops.
+One thread takes submissions and cancels from an inbox (`Submitted`, `CancelRequest`), polls
+the executors, stops hung jobs, runs a scheduling pass when something changed, and records
+progress. Memory holds one record per unfinished job (launcher/unfinished.py: `Queued` or
+`LiveAttempt`); talking to executors is launcher/attempts.py.
+
+Every change is all-or-nothing (launcher/job_steps.py): the new Job is computed on a copy
+(launcher/transitions.py), written to the store, and only then swapped into memory. A state
+change is stored before it is acted on (STARTING before the process starts, a stop reason
+before the signal), so a launcher killed at any point resumes the same plan: `recover()`
+re-reads unfinished jobs, re-attaches to running attempts and finishes stops. When handling
+one job fails:
+- the store write failed: memory stays as it was; the job is held back and retried later
+  with a doubling delay, the error logged once and raised to a cancel's caller as it is; the
+  loop carries on with the other jobs and recovers when the cause goes;
+- anything else (a spec the code chokes on, a broken stored handle): that job is stored
+  FAILED with the reason and leaves memory (its process, if any, is killed); no other job
+  notices.
+A pass that fails as a whole is retried with the same doubling delay: the loop never spins.
 """
 
 import concurrent.futures
-import json
+import dataclasses
 import logging
-import os
 import queue
 import secrets
 import threading
 import time
 
-from google.protobuf import json_format
-
-from launcher import scheduler
-from launcher.executors.attempt_wrapper import write_json_atomically
-from launcher.executors.base import Launch, Observed, Status, attempt_dir, last_line
-from protos import job_pb2, progress_pb2
+from launcher import scheduler, transitions
+from launcher.attempts import Attempts
+from launcher.executors.base import Observed, Status
+from launcher.faults import ErrorLog, Holds
+from launcher.job_steps import JobSteps, StoreError
+from launcher.transitions import FINAL
+from launcher.unfinished import LiveAttempt, Queued, UnfinishedJobs
+from protos import job_pb2, launcher_pb2
+from protos.paths import run_dir_for
 
 log = logging.getLogger("kitchen.launcher")
-FINAL = (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED)
 PROGRESS_FLUSH_SECONDS = 2.0
 # A pass over a long queue costs ~1 us per job: after a pass that took d seconds, the next
 # waits PASS_SPACING * d, so passes use at most ~10% of the loop even at 100 submits/s.
 PASS_SPACING = 9.0
 
 
-def _stamp(ts, t: float):
-    ts.FromNanoseconds(int(t * 1e9))
+@dataclasses.dataclass(frozen=True)
+class Submitted:
+    job: job_pb2.Job  # as stored, QUEUED
+
+
+@dataclasses.dataclass(frozen=True)
+class CancelRequest:
+    job_id: str
+    done: concurrent.futures.Future  # gets the Job once the cancel is stored, or the error
 
 
 class Controller:
     def __init__(
-        self, cfg, store, executors, metrics, events, clock=time.time, auth=False, env=None
+        self,
+        cfg: launcher_pb2.LauncherConfig,
+        store,
+        executors: dict,
+        metrics,
+        events,
+        clock=time.time,
+        auth=False,
+        env=None,
     ):
-        self.cfg = cfg  # resolved LauncherConfig
+        self.cfg = cfg  # resolved
         self.store = store
-        self.executors = executors  # pool name -> Executor
         self.metrics = metrics
         self.events = events
         self.clock = clock
         self.auth = auth
-        self.env = dict(env or {})
         self.pools = {p.name: scheduler.Pool(p.name, p.nodes, p.gpus_per_node) for p in cfg.pools}
         self.quotas = {q.team: scheduler.Quota(q.max_nodes, q.max_gpus) for q in cfg.quotas}
+        self.jobs = UnfinishedJobs()
         self._inbox = queue.SimpleQueue()
         self._wake = threading.Event()
-        self._lock = threading.Lock()  # guards what API threads read: below, down to _fleet
-        self._attempts = {}  # job_id -> (attempt number, Job at start) of live attempts
-        self._progress = {}  # job_id -> (Progress, time received)
-        self._dirty = set()
-        self._waiting = {}
-        self._fleet = {"queued": {}, "pools": {}}
-        self._pending = {}  # job_id -> Job; loop thread only from here down
-        self._demands = {}
-        self._running = {}
-        self._started_at = {}  # job_id -> when the current attempt started (or was re-attached)
-        self._kill_at = {}
-        self._need_pass = True
+        self._holds = Holds()
+        self._errors = ErrorLog(log)
+        self.attempts = Attempts(cfg, executors, dict(env or {}), self._errors, self._holds)
+        self.steps = JobSteps(
+            store, self.jobs, self.attempts, self._holds, self._errors, metrics, events,
+            self.pools, clock,
+        )  # fmt: skip
         self._wake_at = None
         self._next_pass_at = 0.0
         self._last_flush = 0.0
@@ -73,59 +96,38 @@ class Controller:
 
     def submit(self, job: job_pb2.Job, request_id: str = "") -> tuple[job_pb2.Job, bool]:
         job.state = job_pb2.QUEUED
-        _stamp(job.created, self.clock())
+        transitions.stamp(job.created, self.clock())
         job.queued.CopyFrom(job.created)
-        runs = os.path.join(self.cfg.state_dir, "runs")
+        state = self.cfg.state_dir
         job, created = self.store.insert(
-            job, request_id, on_id=lambda j: setattr(j, "run_dir", os.path.join(runs, j.id))
+            job, request_id, on_id=lambda j: setattr(j, "run_dir", run_dir_for(state, j.id))
         )
         if created:
-            self._inbox.put(("submitted", job))
+            self._inbox.put(Submitted(job))
             self._wake.set()
         return job, created
 
     def cancel(self, job_id: str, timeout: float = 30.0) -> job_pb2.Job:
         """Returns once the cancel is stored (a running job is then being stopped)."""
         done = concurrent.futures.Future()
-        self._inbox.put(("cancel", job_id, done))
+        self._inbox.put(CancelRequest(job_id, done))
         self._wake.set()
         return done.result(timeout)
 
     def report_progress(self, job_id: str, attempt: int, progress) -> bool:
-        """Records a trainer's report; False means the attempt is not current: stop it.
-
-        Reports merge (proto3 MergeFrom: fields left at zero keep their last value), because
-        eval and done reports carry only eval_loss, goodput and a message: the job keeps
-        its last training loss, throughput and MFU."""
-        with self._lock:
-            live = self._attempts.get(job_id)
-            if live is None or live[0] != attempt:
-                return False
-            merged = progress_pb2.Progress()
-            if job_id in self._progress:
-                merged.CopyFrom(self._progress[job_id][0])
-            merged.MergeFrom(progress)
-            self._progress[job_id] = (merged, self.clock())
-            self._dirty.add(job_id)
-        self.metrics.progress(live[1], merged)
+        """Records a trainer's report; False means the attempt is not current: stop it."""
+        current = self.jobs.add_progress(job_id, attempt, progress, self.clock())
+        if current is None:
+            return False
+        self.steps.effect("metrics", lambda: self.metrics.progress(*current))
         self.events.publish(job_id)
         return True
 
     def overlay(self, job: job_pb2.Job) -> job_pb2.Job:
-        """The stored job plus what only memory knows: newest progress, why it waits."""
-        with self._lock:
-            latest = self._progress.get(job.id)
-            if latest is not None and job.state not in FINAL:
-                job.progress.CopyFrom(latest[0])
-                _stamp(job.last_progress, latest[1])
-            job.waiting_reason = self._waiting.get(job.id, "")
-        return job
+        return self.jobs.overlay(job)
 
     def fleet(self) -> dict:
-        with self._lock:
-            fleet = dict(self._fleet)
-        fleet["counts"] = self.store.counts()
-        return fleet
+        return {**self.jobs.fleet(), "counts": self.store.counts()}
 
     # ---------------------------------------------------------------- the loop
 
@@ -143,22 +145,32 @@ class Controller:
 
     def _run(self):
         while not self._stopping.is_set():
-            try:
-                self.run_once()
-            except Exception:
-                log.exception("control loop iteration failed; continuing")
+            now = self.clock()
             timeout = self.cfg.poll_interval_seconds
-            if self._need_pass:
-                timeout = min(timeout, max(self._next_pass_at - self.clock(), 0.0))
+            if self._holds.held("loop", now):
+                timeout = self._holds.get("loop").retry_at - now
+            else:
+                try:
+                    self.run_once()
+                    self._holds.clear("loop")
+                    self._errors.recovered("control loop")
+                    if self.jobs.need_pass:
+                        timeout = min(timeout, max(self._next_pass_at - self.clock(), 0.0))
+                except Exception as e:
+                    self._errors.failed("control loop", e)
+                    timeout = self._holds.hold("loop", e, now).delay
             self._wake.wait(timeout)
             self._wake.clear()
 
     def run_once(self):
         now = self.clock()
         self._drain_inbox(now)
+        self.steps.retry_doomed(now)
         self._poll(now)
-        self._check_running(now)
-        due = self._need_pass or (self._wake_at is not None and now >= self._wake_at)
+        for job_id, live in list(self.jobs.live.items()):
+            if not self._holds.held(job_id, now):
+                self.steps.run(job_id, "watching it", lambda v=live: self._check(v, now))
+        due = self.jobs.need_pass or (self._wake_at is not None and now >= self._wake_at)
         if due and now >= self._next_pass_at:
             self._schedule(now)
         if now - self._last_flush >= PROGRESS_FLUSH_SECONDS:
@@ -169,287 +181,210 @@ class Controller:
         """Takes up the unfinished jobs of the store (after a restart or a crash)."""
         now = self.clock()
         for job in self.store.unfinished():
-            if job.pool not in self.pools:
-                job.state, job.exit_reason = job_pb2.FAILED, f"pool {job.pool!r} is not configured"
-                _stamp(job.finished, now)
-                self.store.update(job)
-                continue
-            if job.state in (job_pb2.QUEUED, job_pb2.PREEMPTED):
-                self._enqueue(job)
-                continue
-            self._track(job, now)
+            self.steps.run(job.id, "taking it up again", lambda j=job: self._recover(j, now), job)
+        self.jobs.update_fleet(self.pools)
+
+    def _recover(self, job, now):
+        if job.pool not in self.pools:
+            self.steps.fail(job.id, f"pool {job.pool!r} is not configured", job)
+        elif job.state in (job_pb2.QUEUED, job_pb2.PREEMPTED):
+            self._enqueue(job)
+        else:
+            live = LiveAttempt(job, transitions.parse_handle(job), started_at=now)
+            self.jobs.put(live)
             if job.stop:
-                self._signal_stop(job, now)
-            log.info("re-attached %s (%s, attempt %d)", job.id, _state(job), job.attempts)
-        self._update_fleet()
+                self._signal_stop(live, now)
+            state = transitions.state_name(job)
+            log.info("re-attached %s (%s, attempt %d)", job.id, state, job.attempts)
 
-    def _enqueue(self, job):
-        self._pending[job.id] = job
-        not_before = job.not_before.ToNanoseconds() / 1e9 if job.HasField("not_before") else 0.0
-        r = job.spec.resources
-        self._demands[job.id] = scheduler.Demand(
-            job.id, int(job.id[1:]), job.spec.priority, job.pool, job.spec.team,
-            r.nodes or 1, r.gpus_per_node, not_before,
-        )  # fmt: skip
-        self._need_pass = True
-
-    def _track(self, job, now):
-        self._running[job.id] = job
-        self._started_at[job.id] = now
-        snapshot = job_pb2.Job()
-        snapshot.CopyFrom(job)
-        with self._lock:
-            self._attempts[job.id] = (job.attempts, snapshot)
+    # ---------------------------------------------------------------- inbox
 
     def _drain_inbox(self, now):
         while True:
             try:
-                item = self._inbox.get_nowait()
+                message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if item[0] == "submitted":
-                self._enqueue(item[1])
-                self.events.publish(item[1].id)
-            else:
-                _, job_id, done = item
+            if isinstance(message, Submitted):
+                job = message.job
+                self.steps.run(job.id, "queueing it", lambda j=job: self._enqueue(j), job)
+                continue
+            try:
+                message.done.set_result(self._cancel(message.job_id, now))
+            except StoreError as e:
+                message.done.set_exception(e.error)  # the caller sees the store's error
+            except Exception as e:
+                self.steps.fail(message.job_id, f"launcher error while cancelling it: {e}")
                 try:
-                    done.set_result(self._cancel(job_id, now))
-                except Exception as e:
-                    done.set_exception(e)
+                    message.done.set_result(self.store.get(message.job_id))
+                except Exception as e2:
+                    message.done.set_exception(e2)
 
-    def _cancel(self, job_id, now):
-        if job_id in self._pending:
-            job = self._pending.pop(job_id)
-            del self._demands[job_id]
-            job.state, job.exit_reason = job_pb2.CANCELLED, "cancelled before it started"
-            _stamp(job.finished, now)
-            self.store.update(job)
-            self._finished(job, preempted=False)
-            return job
-        job = self._running.get(job_id)
-        if job is None:
+    def _enqueue(self, job):
+        self.jobs.put(Queued(job, transitions.demand(job)))
+        self.jobs.need_pass = True
+        self.events.publish(job.id)
+
+    def _cancel(self, job_id, now) -> job_pb2.Job | None:
+        if job_id in self.steps.doomed:
+            job, reason = self.steps.doomed[job_id]
+            self.steps.fail(job_id, reason, job)
+            return self.store.get(job_id)
+        queued = self.jobs.queued.get(job_id)
+        if queued is not None:
+            reason = "cancelled before it started"
+            cancelled = self.steps.save(
+                transitions.finished(queued.job, job_pb2.CANCELLED, reason, now)
+            )
+            self.jobs.drop(job_id)
+            self.steps.effect("metrics", lambda: self.metrics.attempt_ended(cancelled, False))
+            self.steps.changed(job_id, final=True)
+            return cancelled
+        live = self.jobs.live.get(job_id)
+        if live is None:
             return self.store.get(job_id)  # already final, or unknown (None)
-        if job.stop != job_pb2.STOP_CANCEL:
-            job.stop = job_pb2.STOP_CANCEL
-            self.store.update(job)
-            self._signal_stop(job, now)
-            self.events.publish(job_id)
-        return job
+        if live.job.stop != job_pb2.STOP_CANCEL:
+            self._stop(live, job_pb2.STOP_CANCEL, "", now)
+        return live.job
+
+    # ---------------------------------------------------------------- live attempts
 
     def _poll(self, now):
-        by_executor = {}
-        for job in self._running.values():
-            by_executor.setdefault(job.pool, {})[job.id] = json.loads(job.handle)
-        for pool, handles in by_executor.items():
-            try:
-                observed = self.executors[pool].poll(handles)
-            except Exception:  # one broken pool (squeue down, API server gone) stalls no other
-                log.exception("polling pool %s failed; trying again next time", pool)
-                continue
-            for job_id, seen in observed.items():
-                job = self._running[job_id]
-                if seen.status == Status.RUNNING and job.state == job_pb2.STARTING:
-                    job.state = job_pb2.RUNNING
-                    self.store.update(job)
-                    self.events.publish(job_id)
-                elif seen.status not in (Status.PENDING, Status.RUNNING):
-                    self._attempt_ended(job, seen, now)
+        live = {
+            job_id: attempt
+            for job_id, attempt in self.jobs.live.items()
+            if job_id not in self.steps.doomed and not self._holds.held(job_id, now)
+        }
+        for job_id, seen in self.attempts.poll(live, now):
+            self.steps.run(
+                job_id,
+                "following its attempt",
+                lambda v=live[job_id], s=seen: self._observed(v, s, now),
+            )
 
-    def _check_running(self, now):
-        for job_id, job in list(self._running.items()):
-            if job_id in self._kill_at and now >= self._kill_at[job_id]:
-                log.warning("%s did not stop within %.0f s: SIGKILL", job_id, self._grace())
-                self._kill_at[job_id] = now + self._grace()  # and again then, if need be
-                try:
-                    self.executors[job.pool].kill(json.loads(job.handle))
-                except Exception:
-                    log.exception("%s: kill failed; trying again in %.0f s", job_id, self._grace())
-            elif job.state == job_pb2.RUNNING and not job.stop:
-                timeout = job.spec.hang_timeout_seconds or self.cfg.hang_timeout_seconds
-                last = max(self._started_at[job_id], self._progress.get(job_id, (None, 0.0))[1])
-                if scheduler.hung(last, timeout, now):
-                    try:  # a trainer whose report stream broke still writes metrics.jsonl
-                        last = max(
-                            last, os.path.getmtime(os.path.join(job.run_dir, "metrics.jsonl"))
-                        )
-                    except OSError:
-                        pass
-                if scheduler.hung(last, timeout, now):
-                    log.warning("%s: no progress for %.0f s: restarting it", job_id, now - last)
-                    job.stop = job_pb2.STOP_HANG
-                    job.exit_reason = (
-                        f"no progress for {now - last:.0f} s (timeout {timeout:.0f} s)"
-                    )
-                    self.store.update(job)
-                    self._signal_stop(job, now)
+    def _observed(self, live: LiveAttempt, seen: Observed, now):
+        if seen.status == Status.RUNNING and live.job.state == job_pb2.STARTING:
+            live.job = self.steps.save(transitions.launched(live.job, live.handle, running=True))
+            self.events.publish(live.job.id)
+        elif seen.status not in (Status.PENDING, Status.RUNNING):
+            self._attempt_ended(live, seen, now)
 
-    def _signal_stop(self, job, now):
+    def _check(self, live: LiveAttempt, now):
+        if live.kill_at is not None and now >= live.kill_at:
+            grace = self.cfg.kill_grace_seconds
+            log.warning("%s did not stop within %.0f s: SIGKILL", live.job.id, grace)
+            live.kill_at = now + grace  # and again then, if need be
+            self.attempts.kill(live)
+        elif live.job.state == job_pb2.RUNNING and not live.job.stop:
+            reason = self.attempts.hang_reason(live, now)
+            if reason:
+                log.warning("%s: %s: restarting it", live.job.id, reason)
+                self._stop(live, job_pb2.STOP_HANG, reason, now)
+
+    def _stop(self, live: LiveAttempt, stop: int, reason: str, now):
+        live.job = self.steps.save(transitions.stopping(live.job, stop, reason))
+        self._signal_stop(live, now)
+        self.events.publish(live.job.id)
+
+    def _signal_stop(self, live: LiveAttempt, now):
         """SIGTERM now (the stop reason is already stored), SIGKILL after the grace period."""
-        self._kill_at[job.id] = now + self._grace()
-        try:
-            self.executors[job.pool].terminate(json.loads(job.handle))
-        except Exception:  # the kill at the deadline is the fallback
-            log.exception("%s: terminate failed; SIGKILL follows at the deadline", job.id)
+        live.kill_at = now + self.cfg.kill_grace_seconds
+        self.attempts.terminate(live)
 
-    def _grace(self):
-        return self.cfg.kill_grace_seconds
+    def _attempt_ended(self, live: LiveAttempt, seen: Observed, now):
+        job = live.job
+        detail = self.attempts.end_detail(live, seen)
+        never = seen.status == Status.NEVER_STARTED
+        out = scheduler.after_exit(job, seen.exit_code, detail, now, never_started=never)
+        ended = transitions.ended(job, out, never, *self.jobs.progress_of(live), now)
+        final = ended.state in FINAL
+        queued = None if final else Queued(ended, transitions.demand(ended))
+        self.steps.save(ended)
+        if final:
+            self.jobs.drop(job.id)
+        else:
+            self.jobs.put(queued)
+        self.jobs.need_pass = True
+        log.info("%s: attempt %d ended: %s", job.id, job.attempts, out.reason)
+        self.steps.effect("metrics", lambda: self.metrics.attempt_ended(ended, out.preempted))
+        self.steps.changed(job.id, final)
+
+    # ---------------------------------------------------------------- scheduling
 
     def _schedule(self, now):
         """One pass: plan, then act. Its duration (the decision, without starting processes
         or signalling them) is kitchen_scheduler_pass_duration_seconds."""
         started = time.perf_counter()
-        holdings = [
-            scheduler.Holding(
-                job.id, job.spec.priority, job.pool, job.spec.team,
-                tuple((a.node, tuple(a.gpus)) for a in job.allocation),
-                self._started_at[job.id], stopping=bool(job.stop),
-            )
-            for job in self._running.values()
-        ]  # fmt: skip
-        plan = scheduler.plan(self.pools, self.quotas, self._demands.values(), holdings, now)
-        with self._lock:
-            changed = [j for j, r in plan.waiting.items() if self._waiting.get(j) != r]
-            self._waiting = plan.waiting
-        self._wake_at, self._need_pass = plan.wake_at, False
+        plan = self._plan(self.jobs.demands(skip=self.steps.doomed), self.jobs.holdings(), now)
+        for job_id in plan.waiting:
+            hold = self._holds.get(job_id)
+            if hold is not None:
+                plan.waiting[job_id] = f"the launcher could not store its start ({hold.error})"
+        changed = self.jobs.set_waiting(plan.waiting)
+        self._wake_at, self.jobs.need_pass = plan.wake_at, False
         took = time.perf_counter() - started
         self.metrics.scheduler_pass.observe(took)
         self._next_pass_at = now + PASS_SPACING * took
         for job_id in plan.preempt:
-            job = self._running[job_id]
             log.info("preempting %s for a higher-priority job", job_id)
-            job.stop = job_pb2.STOP_PREEMPT
-            self.store.update(job)
-            self._signal_stop(job, now)
-            changed.append(job_id)
+            live = self.jobs.live[job_id]
+            self.steps.run(
+                job_id, "preempting it", lambda v=live: self._stop(v, job_pb2.STOP_PREEMPT, "", now)
+            )
         for job_id, allocation in plan.start.items():
-            self._start(self._pending.pop(job_id), allocation, now)
-            del self._demands[job_id]
-        self._update_fleet()
+            queued = self.jobs.queued[job_id]
+            self.steps.run(
+                job_id, "starting it", lambda q=queued, a=allocation: self._start(q, a, now)
+            )
+        self.jobs.update_fleet(self.pools)
         self.events.publish_many(changed)
 
-    def _start(self, job, allocation, now):
-        job.attempts += 1
-        handle = {"attempt_dir": attempt_dir(job.run_dir, job.attempts), "launched_at": now}
-        waited = now - job.queued.ToNanoseconds() / 1e9
-        job.state, job.stop, job.handle = job_pb2.STARTING, 0, json.dumps(handle)
-        del job.allocation[:]
-        for node, gpus in allocation:
-            job.allocation.add(node=node, gpus=gpus)
-        job.ClearField("not_before")
-        if not job.HasField("started"):
-            _stamp(job.started, now)
-        token = secrets.token_urlsafe(24) if self.auth else ""
-        self.store.update(job, attempt_token=token)  # durable before anything starts
-        self._track(job, now)
-        self.metrics.attempt_started(job, waited)
+    def _plan(self, demands, holdings, now) -> scheduler.Plan:
+        """scheduler.plan; when it raises, the demands that make it raise alone are FAILED and
+        the rest is planned (a failure that no queued job explains fails the pass)."""
         try:
-            args = self._trainer_args(job)
-            launch = Launch(job, [*self.cfg.trainer_cmd, *args], self._env(token), handle, args)
-            handle, status = self.executors[job.pool].start(launch)
+            return scheduler.plan(self.pools, self.quotas, demands, holdings, now)
+        except Exception:
+            scheduler.plan(self.pools, self.quotas, [], holdings, now)  # raises: not theirs
+        sound = []
+        for d in demands:
+            try:
+                scheduler.plan(self.pools, self.quotas, [d], holdings, now)
+                sound.append(d)
+            except Exception as e:
+                log.error("%s: the scheduler cannot place it", d.job_id, exc_info=e)
+                self.steps.fail(
+                    d.job_id, f"launcher error while scheduling it: {type(e).__name__}: {e}"
+                )
+        return scheduler.plan(self.pools, self.quotas, sound, holdings, now)
+
+    def _start(self, queued: Queued, allocation, now):
+        starting = transitions.started(queued.job, allocation, now)
+        token = secrets.token_urlsafe(24) if self.auth else ""
+        self.steps.save(starting, attempt_token=token)  # durable before anything starts
+        live = LiveAttempt(starting, transitions.parse_handle(starting), started_at=now)
+        self.jobs.put(live)
+        waited = now - transitions.seconds(starting.queued)
+        self.steps.effect("metrics", lambda: self.metrics.attempt_started(starting, waited))
+        try:
+            live.handle, status = self.attempts.start(starting, live.handle, token)
         except Exception as e:
-            log.exception("%s: could not start attempt %d", job.id, job.attempts)
-            self._attempt_ended(job, Observed(Status.LOST, None, f"could not start: {e}"), now)
+            log.exception("%s: could not start attempt %d", starting.id, starting.attempts)
+            self._attempt_ended(live, Observed(Status.LOST, None, f"could not start: {e}"), now)
             return
-        job.handle = json.dumps(handle)
-        if status == Status.RUNNING:
-            job.state = job_pb2.RUNNING
-        self.store.update(job)
-        log.info("%s: attempt %d %s", job.id, job.attempts, _state(job).lower())
-        self.events.publish(job.id)
-
-    def _trainer_args(self, job):
-        os.makedirs(job.run_dir, exist_ok=True)
-        spec = job_pb2.JobSpec()
-        spec.CopyFrom(job.spec)
-        spec.trainer.run_dir = job.run_dir
-        spec_path = os.path.join(job.run_dir, "job.json")
-        write_json_atomically(spec_path, json.loads(json_format.MessageToJson(spec)))
-        return [
-            "--spec", spec_path, "--run-dir", job.run_dir, "--launcher", self.cfg.advertise,
-            "--job-id", job.id, "--attempt", str(job.attempts),
-        ]  # fmt: skip
-
-    def _env(self, token):
-        env = {**self.env, "KITCHEN_STATE_DIR": self.cfg.state_dir, "PYTHONUNBUFFERED": "1"}
-        if token:
-            env["KITCHEN_LAUNCHER_TOKEN"] = token
-        if self.cfg.tls_cert:
-            env["KITCHEN_LAUNCHER_TLS_CA"] = self.cfg.tls_cert
-        return env
-
-    def _attempt_ended(self, job, seen: Observed, now):
-        detail = seen.detail
-        if not detail and seen.exit_code not in (0, None):
-            detail = last_line(os.path.join(json.loads(job.handle)["attempt_dir"], "output.log"))
-        if job.stop == job_pb2.STOP_HANG:
-            detail = job.exit_reason
-        never = seen.status == Status.NEVER_STARTED
-        out = scheduler.after_exit(job, seen.exit_code, detail, now, never_started=never)
-        with self._lock:
-            self._attempts.pop(job.id, None)
-            latest = self._progress.pop(job.id, None)
-            self._dirty.discard(job.id)
-        if latest is not None:
-            job.progress.CopyFrom(latest[0])
-            _stamp(job.last_progress, latest[1])
-        job.state, job.exit_reason, job.stop, job.handle = out.state, out.reason, 0, ""
-        job.failures += int(out.failed)
-        job.preemptions += int(out.preempted)
-        job.attempts -= int(never)
-        del job.allocation[:]
-        if out.state in FINAL:
-            _stamp(job.finished, now)
-        else:
-            _stamp(job.queued, now)
-            if out.not_before:
-                _stamp(job.not_before, out.not_before)
-        self.store.update(job)
-        del self._running[job.id]
-        self._started_at.pop(job.id, None)
-        self._kill_at.pop(job.id, None)
-        log.info("%s: attempt %d ended: %s", job.id, job.attempts, out.reason)
-        if out.state in FINAL:
-            self._finished(job, out.preempted)
-        else:
-            self._enqueue(job)
-            self.metrics.attempt_ended(job, out.preempted)
-            self.events.publish(job.id)
-
-    def _finished(self, job, preempted):
-        self.metrics.attempt_ended(job, preempted)
-        self._need_pass = True
-        self._update_fleet()
-        self.events.publish(job.id)
-        self.events.forget(job.id)
+        live.job = self.steps.save(
+            transitions.launched(starting, live.handle, status == Status.RUNNING)
+        )
+        state = transitions.state_name(live.job).lower()
+        log.info("%s: attempt %d %s", starting.id, starting.attempts, state)
+        self.events.publish(starting.id)
 
     def _flush_progress(self):
-        with self._lock:
-            dirty = [(j, self._progress[j]) for j in self._dirty if j in self._progress]
-            self._dirty.clear()
-        for job_id, (progress, received) in dirty:
-            job = self._running.get(job_id)
-            if job is not None:
-                job.progress.CopyFrom(progress)
-                _stamp(job.last_progress, received)
-                self.store.update(job)
+        for live, progress, at in self.jobs.take_unsaved_progress():
 
-    def _update_fleet(self):
-        queued = {}
-        for d in self._demands.values():
-            queued[d.pool] = queued.get(d.pool, 0) + 1
-        pools = {
-            name: {
-                "nodes_capacity": p.nodes, "gpus_capacity": p.nodes * p.gpus_per_node,
-                "nodes_in_use": 0, "gpus_in_use": 0,
-            }
-            for name, p in self.pools.items()
-        }  # fmt: skip
-        for job in self._running.values():
-            pools[job.pool]["nodes_in_use"] += len(job.allocation)
-            pools[job.pool]["gpus_in_use"] += sum(len(a.gpus) for a in job.allocation)
-        with self._lock:
-            self._fleet = {"queued": queued, "pools": pools}
+            def record(live=live, progress=progress, at=at):
+                live.job = self.steps.save(transitions.with_progress(live.job, progress, at))
 
-
-def _state(job):
-    return job_pb2.JobState.Name(job.state)
+            held = self._holds.held(live.job.id, self.clock())
+            if held or not self.steps.run(live.job.id, "recording its progress", record):
+                self.jobs.mark_unsaved(live)  # the next flush tries again

@@ -48,7 +48,9 @@ def _executor(pool, cfg):
     if pool.executor == launcher_pb2.SLURM:
         return SlurmExecutor(pool.slurm, list(cfg.torchrun_cmd), images=cfg.images)
     if pool.executor == launcher_pb2.KUBERNETES:
-        return KubernetesExecutor(pool, list(cfg.torchrun_cmd), cfg.kill_grace_seconds)
+        return KubernetesExecutor(
+            pool, list(cfg.torchrun_cmd), cfg.kill_grace_seconds, state_dir=cfg.state_dir
+        )
     return LocalExecutor(list(cfg.torchrun_cmd), images=cfg.images)
 
 

@@ -1,6 +1,7 @@
 """What every executor offers the launcher, and the files an attempt leaves in its run dir.
 
-An attempt of job J lives in `<run_dir>/attempts/<N>/`: `output.log` (stdout and stderr), and
+An attempt of job J lives in `<run_dir>/attempts/<N>/`: the launcher's handoff (`attempt.json`
+and, with auth on, `token`; see launcher/handoff.py), `output.log` (stdout and stderr), and
 for executors that use attempt_wrapper.py, `pid.json`, `exit.json` and `lock`. A handle is a
 JSON object the launcher stores durably; it always has `attempt_dir` and `launched_at`, written
 before anything is started, so an executor can find an attempt again after a launcher crash.
@@ -14,8 +15,12 @@ import os
 import sys
 
 from launcher.executors.attempt_wrapper import write_json_atomically
-from protos import job_pb2
+from launcher.executors.handoff import ATTEMPT_FILE
+from protos import attempt_pb2, job_pb2
 
+# What a trainer in an image or a pod gets of the launch environment (the host's PYTHONPATH
+# is not for it).
+PORTABLE_ENV = ("PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES")
 STARTUP_GRACE_SECONDS = 10.0  # an attempt launched this recently may not show up yet
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempt_wrapper.py")
 
@@ -37,22 +42,35 @@ class Observed:
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """Everything needed to start one attempt."""
+    """Everything needed to start one attempt. Its handoff files are written already."""
 
     job: job_pb2.Job  # with attempts already counting this one
-    argv: list  # the trainer command for one process (torchrun is the executor's business)
-    env: dict  # extra environment for the trainer
+    attempt: attempt_pb2.Attempt  # what `<attempt_dir>/attempt.json` says
+    trainer_cmd: list  # the host's trainer command (an image brings its own)
+    env: dict  # extra environment for the trainer: no job facts, no secrets
     handle: dict  # {"attempt_dir", "launched_at"}; start() returns it extended
-    # argv without the host's trainer command: what an image's own trainer entrypoint gets
-    trainer_args: list = dataclasses.field(default_factory=list)
 
     @property
     def attempt_dir(self) -> str:
         return self.handle["attempt_dir"]
 
     @property
+    def attempt_file(self) -> str:
+        return os.path.join(self.attempt_dir, ATTEMPT_FILE)
+
+    @property
     def log_path(self) -> str:
         return os.path.join(self.attempt_dir, "output.log")
+
+    def trainer_args(self, attempt_file: str = "") -> list:
+        """The trainer contract's arguments: `--attempt FILE` (where the trainer sees the
+        handoff: its path on this machine unless the executor mounts it elsewhere)."""
+        return ["--attempt", attempt_file or self.attempt_file]
+
+    @property
+    def argv(self) -> list:
+        """The trainer command for one process (torchrun is the executor's business)."""
+        return [*self.trainer_cmd, *self.trainer_args()]
 
 
 class Executor:

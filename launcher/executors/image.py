@@ -3,26 +3,20 @@
 `JobSpec.image` is either an OCI image layout directory on the launcher's machine, as an
 absolute path (e.g. `/work/main/.bazel/bin/images/trainer.oci`), or a registry reference
 pinned by digest (`HOST/NAME@sha256:<64 hex>`), so every attempt runs the same bytes. The
-image's Entrypoint is the trainer (the trainer contract: `--spec --run-dir --launcher --job-id
---attempt`), so the host's trainer_cmd is not used. The run dir and the precook cache are
-bind-mounted at their own paths, so the paths in the trainer's arguments stay valid inside.
+image's Entrypoint is the trainer (the trainer contract: `--attempt <attempt_dir>/attempt.json`),
+so the host's trainer_cmd is not used. The run dir (holding the attempt's handoff files, the
+token among them), the precook cache and the TLS root certificate are bind-mounted at their own
+paths, so the paths in attempt.json stay valid inside. No job fact and no secret travels in
+run_image.py's argv or environment: `ps` on the host shows none.
 """
 
 import os
 import re
 
-from launcher.executors.base import Launch
+from launcher.executors.base import PORTABLE_ENV, Launch
 from protos.config_yaml import ConfigError
 
 DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
-# The launch environment a trainer needs; the host's PYTHONPATH is not for the image.
-PASSED_ENV = (
-    "KITCHEN_STATE_DIR",
-    "KITCHEN_LAUNCHER_TOKEN",
-    "KITCHEN_LAUNCHER_TLS_CA",
-    "PYTHONUNBUFFERED",
-    "CUDA_VISIBLE_DEVICES",
-)
 
 
 def check(image: str):
@@ -47,20 +41,18 @@ def command(cfg, launch: Launch, env: dict) -> list:
     image = launch.job.spec.image
     argv = [*cfg.run_image_cmd, "--layout" if image.startswith("/") else "--image", image]
     argv += ["--runtime", cfg.runtime]
-    run_dir = launch.job.run_dir
-    binds = [run_dir]
-    if env.get("KITCHEN_STATE_DIR"):
-        precook = os.path.join(env["KITCHEN_STATE_DIR"], "precook")
-        os.makedirs(precook, exist_ok=True)  # a bind mount's source must exist
-        binds.append(precook)
-    if env.get("KITCHEN_LAUNCHER_TLS_CA"):
-        binds.append(env["KITCHEN_LAUNCHER_TLS_CA"])
+    attempt = launch.attempt
+    run_dir = attempt.run_dir
+    os.makedirs(attempt.cache_dir, exist_ok=True)  # a bind mount's source must exist
+    binds = [run_dir, attempt.cache_dir]
+    if attempt.tls_ca:
+        binds.append(attempt.tls_ca)
     binds += cfg.binds
     inside = os.path.join(run_dir, "")
     for path in dict.fromkeys(binds):
         if path == run_dir or not path.startswith(inside):
             argv += ["--bind", path]
-    argv += [f"--env={k}={env[k]}" for k in PASSED_ENV if k in env]
+    argv += [f"--env={k}={env[k]}" for k in PORTABLE_ENV if k in env]
     if cfg.entrypoint:
         argv += ["--entrypoint", cfg.entrypoint]
-    return [*argv, "--", *launch.trainer_args]
+    return [*argv, "--", *launch.trainer_args()]

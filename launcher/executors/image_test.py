@@ -1,6 +1,8 @@
-"""Jobs that name an image: a real launcher runs the fake trainer inside the real launcher
-image (bwrap), progress comes back over gRPC from inside, cancel reaches it as SIGTERM; bad
-image values are refused at submit, naming the field."""
+"""Jobs that name an image: a real launcher (auth on) runs the fake trainer inside the real
+launcher image (bwrap); it reads its attempt.json and token file from the bind-mounted run dir,
+progress comes back over gRPC from inside, the token shows in no process's argv or
+environment, cancel reaches it as SIGTERM; bad image values are refused at submit, naming the
+field."""
 
 import os
 import shlex
@@ -9,6 +11,8 @@ import grpc
 import pytest
 
 from launcher import settings
+from launcher.client import Client
+from launcher.executors import handoff
 from launcher.executors.base import Launch, attempt_dir, read_json
 from launcher.executors.slurm import SlurmExecutor
 from launcher.testdata import harness
@@ -34,12 +38,14 @@ def in_image(tmp_path, monkeypatch, cache_dir):
     if not os.path.isfile(os.path.join(LAYOUT, "index.json")):
         pytest.skip(f"{LAYOUT} is not built (bazel build //images:launcher)")
     monkeypatch.setenv("KITCHEN_CACHE_DIR", str(cache_dir))
-    cfg = harness.config(tmp_path)
+    cfg = harness.config(tmp_path, tokens_file=harness.admin_tokens_file(tmp_path))
     behaviour = str(tmp_path / "behaviour")
     cfg.images.entrypoint = f"python3 {FAKE_TRAINER} --behaviour-dir {behaviour}"
     cfg.images.binds.extend([os.path.dirname(FAKE_TRAINER), behaviour])
-    launcher, client = harness.start(cfg)
+    launcher, _ = harness.start(cfg)
+    client = Client(launcher.address, token="admin-token")
     yield tmp_path, client
+    client.close()
     launcher.stop()
 
 
@@ -58,11 +64,15 @@ def test_cancel_reaches_the_trainer_in_the_image(in_image):
     tmp_path, client = in_image
     harness.behave(tmp_path, "long", steps=1000, step_seconds=0.05)
     job_id = client.submit(harness.spec("long", steps=1000, image=LAYOUT)).id
-    harness.wait_for_step(client, job_id, 2, timeout=120)
+    running = harness.wait_for_step(client, job_id, 2, timeout=120)  # with the token file
+    attempt = attempt_dir(running.run_dir, 1)
+    token = open(os.path.join(attempt, "token")).read()
+    pids = harness.process_tree(read_json(os.path.join(attempt, "pid.json"))["pid"])
+    assert len(pids) >= 3  # the wrapper, run_image.py, bwrap and the trainer inside
+    assert harness.where_it_shows(token, pids) == []
     client.cancel(job_id)
     job = harness.wait_for(client, job_id, harness.FINAL, timeout=60)
     assert job.state == job_pb2.CANCELLED
-    attempt = attempt_dir(job.run_dir, 1)
     log = open(os.path.join(attempt, "output.log")).read()
     # SIGTERM forwarded into the container: the trainer checkpoints and exits 75 (not 137).
     assert read_json(os.path.join(attempt, "exit.json"))["code"] == 75, log
@@ -104,20 +114,26 @@ def test_an_image_job_runs_one_process(tmp_path):
 
 
 def test_a_slurm_batch_script_runs_the_trainer_through_run_image(tmp_path):
-    cfg = settings.resolve(harness.config(tmp_path))
+    ca = tmp_path / "ca.pem"
+    ca.write_text("a PEM root certificate\n")
+    tls = {"tls_cert": str(ca), "tls_key": str(tmp_path / "key.pem")}  # the key stays unread
+    cfg = settings.resolve(harness.config(tmp_path, advertise="127.0.0.1:1", **tls))
     job = job_pb2.Job(id="j1", attempts=1, run_dir=str(tmp_path / "run"))
     job.spec.image = f"127.0.0.1:5000/kitchen/trainer@{DIGEST}"
-    args = ["--spec", "job.json", "--run-dir", job.run_dir]
-    env = {"KITCHEN_STATE_DIR": str(tmp_path), "PYTHONPATH": "/host/only"}
+    env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": "/host/only"}
     handle = {"attempt_dir": attempt_dir(job.run_dir, 1), "launched_at": 0.0}
-    launch = Launch(job, [*cfg.trainer_cmd, *args], env, handle, args)
+    attempt = handoff.write(job, cfg, handle["attempt_dir"], "the-attempt-token")
+    launch = Launch(job, attempt, list(cfg.trainer_cmd), env, handle)
     script = SlurmExecutor(cfg.pools[0].slurm, [], images=cfg.images)._script(launch)
     command = shlex.split(script.splitlines()[-1])
     run_image = command.index("--")  # attempt_wrapper.py ... -- run_image.py ...
+    precook = os.path.join(cfg.state_dir, "precook")
     assert command[run_image + 1 :] == [
         *cfg.images.run_image_cmd,
         "--image", job.spec.image, "--runtime", "bwrap",
-        "--bind", job.run_dir, "--bind", str(tmp_path / "precook"),
-        f"--env=KITCHEN_STATE_DIR={tmp_path}",
-        "--", *args,
+        "--bind", job.run_dir, "--bind", precook, "--bind", str(ca),
+        "--env=PYTHONUNBUFFERED=1",
+        "--", "--attempt", os.path.join(handle["attempt_dir"], "attempt.json"),
     ]  # fmt: skip
+    assert os.path.isdir(precook)  # a bind mount's source must exist
+    assert "the-attempt-token" not in script  # it is in the token file, in the run dir

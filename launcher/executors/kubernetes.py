@@ -9,6 +9,14 @@ Submission talks to the API server's REST interface with the credentials of a ku
 (token or client certificate). No API server can run on the machine this was written on: the
 manifests are validated offline and the REST calls are tested against a small fake server.
 Without a kubeconfig the pool only renders: the attempt fails with the manifest's path.
+
+The attempt's handoff reaches the pod without a shared file system: attempt.json (with its
+token_file and tls_ca pointing into HANDOFF_DIR) and the TLS root certificate go in a
+ConfigMap, the token in a Secret; both are mounted read-only at HANDOFF_DIR
+(/etc/kitchen/attempt/) and the trainer runs as `<trainer_cmd> --attempt
+/etc/kitchen/attempt/attempt.json`. With `state_volume_claim` the state dir (run dirs, the
+precook cache) is mounted too, at the launcher's own path. The Service, ConfigMap and Secret
+are owned by the Job (ownerReferences): deleting the Job deletes them.
 """
 
 import base64
@@ -24,10 +32,23 @@ import urllib.request
 import kubernetes_validate
 import yaml
 
-from launcher.executors.base import Executor, Launch, Observed, Status, torchrun
+from launcher.executors import handoff
+from launcher.executors.base import PORTABLE_ENV, Executor, Launch, Observed, Status, torchrun
+from protos import attempt_pb2, launcher_pb2
+from protos.files import write_atomic
 
 K8S_VERSION = "1.30.0"  # the schema the manifests are validated against
 MASTER_PORT = 29500
+HANDOFF_DIR = "/etc/kitchen/attempt"  # where a pod sees its attempt's handoff, read-only
+TLS_CA_FILE = "tls_ca.pem"
+# The REST collection of each kind of object the executor makes.
+COLLECTIONS = {
+    "Job": "/apis/batch/v1",
+    "Service": "/api/v1",
+    "ConfigMap": "/api/v1",
+    "Secret": "/api/v1",
+    "Pod": "/api/v1",
+}
 
 
 class KubernetesError(RuntimeError):
@@ -38,14 +59,59 @@ def object_name(job_id: str, attempt: int) -> str:
     return f"kitchen-{job_id.lower()}-a{attempt}"
 
 
-def render(launch: Launch, pool, grace_seconds: float, torchrun_cmd: list) -> list:
-    """The manifests (dicts) of one attempt: a Job, plus a headless Service for several nodes."""
+def pod_attempt(attempt: attempt_pb2.Attempt) -> attempt_pb2.Attempt:
+    """The Attempt as a pod sees it: token and TLS root in HANDOFF_DIR."""
+    inside = attempt_pb2.Attempt()
+    inside.CopyFrom(attempt)
+    if attempt.token_file:
+        inside.token_file = f"{HANDOFF_DIR}/{handoff.TOKEN_FILE}"
+    if attempt.tls_ca:
+        inside.tls_ca = f"{HANDOFF_DIR}/{TLS_CA_FILE}"
+    return inside
+
+
+def _handoff_objects(launch: Launch, name: str, labels: dict) -> tuple[list, dict]:
+    """The ConfigMap (and Secret) holding the attempt's handoff, and the pod volume of both."""
+    attempt = launch.attempt
+    data = {handoff.ATTEMPT_FILE: handoff.to_json(pod_attempt(attempt))}
+    if attempt.tls_ca:
+        with open(attempt.tls_ca) as f:
+            data[TLS_CA_FILE] = f.read()
+    metadata = {"name": name, "labels": labels}
+    objects = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}]
+    sources = [{"configMap": {"name": name}}]
+    if attempt.token_file:
+        with open(attempt.token_file, "rb") as f:
+            token = base64.b64encode(f.read()).decode()
+        objects.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": dict(metadata),
+                "type": "Opaque",
+                "data": {handoff.TOKEN_FILE: token},
+            }
+        )
+        # Readable by the file's owner only: root, as Kitchen's images run (an image with
+        # another user would need the pod's fsGroup).
+        item = {"key": handoff.TOKEN_FILE, "path": handoff.TOKEN_FILE, "mode": 0o400}
+        sources.append({"secret": {"name": name, "items": [item]}})
+    volume = {"name": "attempt", "projected": {"sources": sources, "defaultMode": 0o444}}
+    return objects, volume
+
+
+def render(
+    launch: Launch, pool, grace_seconds: float, torchrun_cmd: list, state_dir: str = ""
+) -> list:
+    """The manifests (dicts) of one attempt: a Job, a headless Service for several nodes, the
+    handoff's ConfigMap and (with auth on) Secret. `state_dir`: where the state volume claim
+    is mounted (the launcher's own state dir)."""
     job, k8s = launch.job, pool.kubernetes
     r = job.spec.resources
     nodes, nproc = r.nodes or 1, r.processes_per_node or 1
     name = object_name(job.id, job.attempts)
     labels = {"app.kubernetes.io/managed-by": "kitchen", "kitchen/job": job.id.lower()}
-    argv = launch.argv
+    argv = [*launch.trainer_cmd, *launch.trainer_args(f"{HANDOFF_DIR}/{handoff.ATTEMPT_FILE}")]
     if nodes > 1:
         rendezvous = [
             f"--nnodes={nodes}", "--node-rank=$(JOB_COMPLETION_INDEX)",
@@ -58,7 +124,7 @@ def render(launch: Launch, pool, grace_seconds: float, torchrun_cmd: list) -> li
         "name": "trainer",
         "image": job.spec.image or k8s.image,
         "command": argv,
-        "env": [{"name": k, "value": v} for k, v in sorted(launch.env.items())],
+        "env": [{"name": k, "value": launch.env[k]} for k in PORTABLE_ENV if k in launch.env],
     }
     gpus = r.gpus_per_node or pool.gpus_per_node
     if gpus:
@@ -67,13 +133,17 @@ def render(launch: Launch, pool, grace_seconds: float, torchrun_cmd: list) -> li
     pod["containers"] = [container]
     if k8s.service_account:
         pod["serviceAccountName"] = k8s.service_account
+    handoff_objects, volume = _handoff_objects(launch, name, labels)
+    container["volumeMounts"] = [{"name": "attempt", "mountPath": HANDOFF_DIR, "readOnly": True}]
+    pod["volumes"] = [volume]
     if k8s.state_volume_claim:
         # The whole state dir: run dirs and the precook cache, at the launcher's own path.
-        state_dir = launch.env.get("KITCHEN_STATE_DIR") or os.path.dirname(job.run_dir)
-        container["volumeMounts"] = [{"name": "state", "mountPath": state_dir}]
-        pod["volumes"] = [
+        if not state_dir:
+            raise KubernetesError(f"pool {pool.name}: state_volume_claim needs the state dir")
+        container["volumeMounts"].append({"name": "state", "mountPath": state_dir})
+        pod["volumes"].append(
             {"name": "state", "persistentVolumeClaim": {"claimName": k8s.state_volume_claim}}
-        ]
+        )
     spec = {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": pod}}
     manifests = []
     if nodes > 1:
@@ -96,10 +166,25 @@ def render(launch: Launch, pool, grace_seconds: float, torchrun_cmd: list) -> li
             "spec": spec,
         },
     )
+    manifests += handoff_objects
     for m in manifests:
         m["metadata"]["namespace"] = k8s.namespace or "default"
-        kubernetes_validate.validate(m, K8S_VERSION, strict=True)
+        validate(m)
     return manifests
+
+
+def validate(manifest: dict):
+    kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+
+
+def owned_by(manifest: dict, job: dict) -> dict:
+    """`manifest` owned by the Job object `job` (as the API server returned it), so that
+    deleting the Job deletes it."""
+    meta = job["metadata"]
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"], "uid": meta["uid"]}
+    out = {**manifest, "metadata": {**manifest["metadata"], "ownerReferences": [owner]}}
+    validate(out)
+    return out
 
 
 class Cluster:
@@ -162,41 +247,55 @@ def _file(entry, key):
 class KubernetesExecutor(Executor):
     kind = "kubernetes"
 
-    def __init__(self, pool, torchrun_cmd: list, grace_seconds: float = 60.0, clock=time.time):
-        self.pool = pool  # kitchen.v1.PoolConfig
+    def __init__(
+        self,
+        pool: launcher_pb2.PoolConfig,
+        torchrun_cmd: list,
+        grace_seconds: float = 60.0,
+        clock=time.time,
+        state_dir: str = "",
+    ):
+        self.pool = pool
         self.namespace = pool.kubernetes.namespace or "default"
         self.torchrun_cmd = torchrun_cmd
         self.grace = grace_seconds
         self.clock = clock
+        self.state_dir = state_dir  # the launcher's: where state_volume_claim is mounted
         self.cluster = Cluster(pool.kubernetes.kubeconfig) if pool.kubernetes.kubeconfig else None
 
     def _path(self, kind: str, name: str = "") -> str:
-        group = "/api/v1" if kind in ("services", "pods") else "/apis/batch/v1"
-        return f"{group}/namespaces/{self.namespace}/{kind}" + (f"/{name}" if name else "")
+        """The REST path of the collection of `kind` (Job, Service, ..., Pod), or one object."""
+        path = f"{COLLECTIONS[kind]}/namespaces/{self.namespace}/{kind.lower()}s"
+        return path + (f"/{name}" if name else "")
 
     def start(self, launch: Launch):
-        manifests = render(launch, self.pool, self.grace, self.torchrun_cmd)
+        manifests = render(launch, self.pool, self.grace, self.torchrun_cmd, self.state_dir)
         os.makedirs(launch.attempt_dir, exist_ok=True)
         manifest_path = os.path.join(launch.attempt_dir, "manifest.yaml")
-        with open(manifest_path, "w") as f:
-            yaml.safe_dump_all(manifests, f, sort_keys=False)
+        text = yaml.safe_dump_all(manifests, sort_keys=False)
+        write_atomic(manifest_path, text, mode=handoff.SECRET_MODE)  # it holds the Secret
         if self.cluster is None:
             raise KubernetesError(
                 f"pool {self.pool.name} has no kubeconfig; manifest: {manifest_path}"
             )
-        name = manifests[0]["metadata"]["name"]
+        job, dependents = manifests[0], manifests[1:]
+        name = job["metadata"]["name"]
         with open(launch.log_path, "a") as f:
             f.write(f"in Kubernetes: kubectl -n {self.namespace} logs -l job-name={name} -f\n")
-        for m in reversed(manifests):  # the Service first, so pod 0 resolves when torchrun starts
-            kind = "jobs" if m["kind"] == "Job" else "services"
-            self.cluster.call("POST", self._path(kind), m, ok_missing=True)  # 409: already made
-        return {**launch.handle, "name": name, "services": len(manifests) > 1}, Status.PENDING
+        made = self.cluster.call("POST", self._path("Job"), job, ok_missing=True)
+        if made is None:  # 409: made by a launcher that crashed before storing the handle
+            made = self.cluster.call("GET", self._path("Job", name))
+        # Pods cannot start before their ConfigMap and Secret exist, which come after the
+        # Service: pod 0's name resolves when torchrun starts.
+        for m in dependents:
+            self.cluster.call("POST", self._path(m["kind"]), owned_by(m, made), ok_missing=True)
+        return {**launch.handle, "name": name}, Status.PENDING
 
     def poll(self, handles: dict) -> dict:
         return {job_id: self._observe(h) for job_id, h in handles.items()}
 
     def _observe(self, h) -> Observed:
-        job = self.cluster.call("GET", self._path("jobs", h["name"]), ok_missing=True)
+        job = self.cluster.call("GET", self._path("Job", h["name"]), ok_missing=True)
         if job is None:
             return Observed(Status.LOST, detail=f"Kubernetes Job {h['name']} is gone")
         status = job.get("status", {})
@@ -209,7 +308,7 @@ class KubernetesExecutor(Executor):
     def _ended(self, h, code):
         """Exit code from the pods (first non-zero one), and their logs into output.log."""
         selector = urllib.parse.quote(f"job-name={h['name']}")
-        pods = self.cluster.call("GET", self._path("pods") + f"?labelSelector={selector}")
+        pods = self.cluster.call("GET", self._path("Pod") + f"?labelSelector={selector}")
         codes = []
         with open(os.path.join(h["attempt_dir"], "output.log"), "a") as log:
             for pod in pods.get("items", []):
@@ -219,7 +318,7 @@ class KubernetesExecutor(Executor):
                         codes.append(done["exitCode"])
                 name = pod["metadata"]["name"]
                 log.write(f"----- pod {name} -----\n")
-                text = self.cluster.call("GET", self._path("pods", name) + "/log", ok_missing=True)
+                text = self.cluster.call("GET", self._path("Pod", name) + "/log", ok_missing=True)
                 log.write(text if isinstance(text, str) else "(no log)\n")
         failed = [c for c in codes if c != 0]
         if code is None and not failed:
@@ -235,7 +334,7 @@ class KubernetesExecutor(Executor):
         self._delete(handle, 0)
 
     def _delete(self, handle, grace):
+        """Deletes the Job; the API server's garbage collector deletes what it owns (pods,
+        the Service, the handoff's ConfigMap and Secret)."""
         body = {"propagationPolicy": "Background", "gracePeriodSeconds": int(grace)}
-        self.cluster.call("DELETE", self._path("jobs", handle["name"]), body, ok_missing=True)
-        if handle.get("services"):
-            self.cluster.call("DELETE", self._path("services", handle["name"]), ok_missing=True)
+        self.cluster.call("DELETE", self._path("Job", handle["name"]), body, ok_missing=True)

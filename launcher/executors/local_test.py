@@ -9,7 +9,7 @@ import time
 from launcher.executors.attempt_wrapper import DUPLICATE, start_ticks
 from launcher.executors.base import Launch, Status, attempt_dir, read_json, wrapped
 from launcher.executors.local import LocalExecutor
-from protos import job_pb2
+from protos import attempt_pb2, job_pb2
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
@@ -18,7 +18,9 @@ def launch_of(tmp_path, code: str, attempt=1, processes=1, now=None) -> Launch:
     job = job_pb2.Job(id="j1", attempts=attempt, run_dir=str(tmp_path))
     job.spec.resources.processes_per_node = processes
     handle = {"attempt_dir": attempt_dir(str(tmp_path), attempt), "launched_at": now or time.time()}
-    return Launch(job, [sys.executable, "-c", code], {"KITCHEN_TEST": "yes"}, handle)
+    handoff = attempt_pb2.Attempt(job_id="j1", number=attempt, run_dir=str(tmp_path))
+    # `python -c CODE --attempt FILE`: the contract's arguments land in sys.argv, unread.
+    return Launch(job, handoff, [sys.executable, "-c", code], {"KITCHEN_TEST": "yes"}, handle)
 
 
 def wait_status(executor, handle, statuses, timeout=20.0):

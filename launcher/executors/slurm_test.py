@@ -15,7 +15,7 @@ import pytest
 from launcher.executors.base import Launch, Status, attempt_dir
 from launcher.executors.slurm import SlurmExecutor
 from launcher.testdata import harness as h
-from protos import job_pb2, launcher_pb2
+from protos import attempt_pb2, job_pb2, launcher_pb2
 
 DAEMONS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol"]
 MISSING = [d for d in DAEMONS if not shutil.which(d) and not os.path.exists(f"/usr/sbin/{d}")]
@@ -140,7 +140,9 @@ def _wait(ready, what, root, daemons=(), timeout=30.0):
 def _launch(tmp_path, code, attempt=1):
     job = job_pb2.Job(id="j5", attempts=attempt, run_dir=str(tmp_path))
     handle = {"attempt_dir": attempt_dir(str(tmp_path), attempt), "launched_at": time.time()}
-    return Launch(job, [sys.executable, "-c", code], {"KITCHEN_TEST": "from-launcher"}, handle)
+    handoff = attempt_pb2.Attempt(job_id="j5", number=attempt, run_dir=str(tmp_path))
+    env = {"KITCHEN_TEST": "from-launcher"}
+    return Launch(job, handoff, [sys.executable, "-c", code], env, handle)
 
 
 def _read_if_exists(path: str) -> str:

@@ -1,11 +1,12 @@
 """A stand-in trainer for the launcher's tests: speaks the trainer contract without torch.
 
-    fake_trainer.py [--behaviour-dir DIR] --spec JOB.json --run-dir DIR
-        [--launcher HOST:PORT --job-id ID --attempt N]
+    fake_trainer.py [--behaviour-dir DIR] --attempt ATTEMPT.json
 
-Like the real one it resumes from its newest checkpoint, writes metrics.jsonl, streams
-kitchen.v1.Progress to the launcher (best effort, with KITCHEN_LAUNCHER_TOKEN and
-KITCHEN_LAUNCHER_TLS_CA when set), and on SIGTERM saves a checkpoint and exits 75.
+ATTEMPT.json is the launcher's handoff (a kitchen.v1.Attempt, see launcher/executors/handoff.py):
+job id, attempt number, spec, run dir, the launcher's address, the token file and the TLS root.
+Like the real trainer it resumes from its newest checkpoint, writes metrics.jsonl, streams
+kitchen.v1.Progress to the launcher (best effort, with the token read from token_file and
+tls_ca when set), and on SIGTERM saves a checkpoint and exits 75.
 What it does wrong on purpose comes from `<behaviour-dir>/<job name>.json`:
   {"steps": 20, "step_seconds": 0.05, "checkpoint_every": 2,
    "crash_at": 3, "crash_attempts": [1],          exit 1 at step 3 on attempt 1
@@ -27,22 +28,24 @@ import time
 import grpc
 from google.protobuf import json_format
 
-from protos import job_pb2, launcher_pb2_grpc, progress_pb2
+from protos import attempt_pb2, launcher_pb2_grpc, progress_pb2
 
 stop_requested = threading.Event()
 
 
-def _reporter(address, attempt_queue):
+def _reporter(attempt, attempt_queue):
     """Streams progress to the launcher; reconnects on errors; never raises."""
-    ca = os.environ.get("KITCHEN_LAUNCHER_TLS_CA")
-    token = os.environ.get("KITCHEN_LAUNCHER_TOKEN")
-    metadata = [("authorization", f"Bearer {token}")] if token else None
+    metadata = None
+    if attempt.token_file:
+        with open(attempt.token_file) as f:
+            metadata = [("authorization", f"Bearer {f.read().strip()}")]
     while True:
-        if ca:
-            with open(ca, "rb") as f:
-                channel = grpc.secure_channel(address, grpc.ssl_channel_credentials(f.read()))
+        if attempt.tls_ca:
+            with open(attempt.tls_ca, "rb") as f:
+                credentials = grpc.ssl_channel_credentials(f.read())
+            channel = grpc.secure_channel(attempt.launcher, credentials)
         else:
-            channel = grpc.insecure_channel(address)
+            channel = grpc.insecure_channel(attempt.launcher)
 
         def messages():
             while True:
@@ -76,14 +79,11 @@ def _write_atomically(path, text):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--behaviour-dir")
-    p.add_argument("--spec", required=True)
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--launcher")
-    p.add_argument("--job-id", default="")
-    p.add_argument("--attempt", type=int, default=1)
+    p.add_argument("--attempt", required=True, help="the launcher's handoff (attempt.json)")
     args = p.parse_args()
-    with open(args.spec) as f:
-        spec = json_format.Parse(f.read(), job_pb2.JobSpec())
+    with open(args.attempt) as f:
+        attempt = json_format.Parse(f.read(), attempt_pb2.Attempt())
+    spec, number, run_dir = attempt.spec, attempt.number, attempt.run_dir
     behaviour = {}
     if args.behaviour_dir:
         path = os.path.join(args.behaviour_dir, f"{spec.name}.json")
@@ -94,26 +94,24 @@ def main():
         print(f"fake_trainer: exiting with {behaviour['exit_code']} as told", flush=True)
         return behaviour["exit_code"]
 
-    ignore_term = behaviour.get("ignore_term") and args.attempt in behaviour.get(
-        "hang_attempts", []
-    )
+    ignore_term = behaviour.get("ignore_term") and number in behaviour.get("hang_attempts", [])
     signal.signal(
         signal.SIGTERM, signal.SIG_IGN if ignore_term else (lambda *_: stop_requested.set())
     )
     steps = spec.trainer.train.steps if spec.trainer.train.HasField("steps") else 20
     steps = behaviour.get("steps", steps)
     every = behaviour.get("checkpoint_every", 2)
-    ckpt_dir = os.path.join(args.run_dir, "checkpoints")
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
     os.makedirs(ckpt_dir, exist_ok=True)
     done = [
         int(n[5:-5]) for n in os.listdir(ckpt_dir) if n.startswith("step-") and n.endswith(".json")
     ]
     step = max(done, default=0)
     reports = queue.Queue()
-    reporter = threading.Thread(target=_reporter, args=(args.launcher, reports), daemon=True)
-    if args.launcher:
+    reporter = threading.Thread(target=_reporter, args=(attempt, reports), daemon=True)
+    if attempt.launcher:
         reporter.start()
-    print(f"fake_trainer: attempt {args.attempt} starts at step {step} of {steps}", flush=True)
+    print(f"fake_trainer: attempt {number} starts at step {step} of {steps}", flush=True)
 
     def checkpoint():
         _write_atomically(os.path.join(ckpt_dir, f"step-{step}.json"), json.dumps({"step": step}))
@@ -123,28 +121,26 @@ def main():
             checkpoint()
             print(f"fake_trainer: SIGTERM: checkpoint at step {step}, exit 75", flush=True)
             reports.put(None)
-            if args.launcher:
+            if attempt.launcher:
                 reporter.join(timeout=5)
             return 75
         step += 1
-        if step == behaviour.get("crash_at") and args.attempt in behaviour.get(
-            "crash_attempts", [1]
-        ):
+        if step == behaviour.get("crash_at") and number in behaviour.get("crash_attempts", [1]):
             print(f"fake_trainer: RuntimeError: crash at step {step} as told", flush=True)
             return 1
-        if step == behaviour.get("hang_at") and args.attempt in behaviour.get("hang_attempts", [1]):
+        if step == behaviour.get("hang_at") and number in behaviour.get("hang_attempts", [1]):
             print(f"fake_trainer: hanging at step {step} as told", flush=True)
             while True:
                 time.sleep(3600)
         time.sleep(behaviour.get("step_seconds", 0.05))
-        with open(os.path.join(args.run_dir, "steps.log"), "a") as f:
-            f.write(f"{args.attempt} {step}\n")
+        with open(os.path.join(run_dir, "steps.log"), "a") as f:
+            f.write(f"{number} {step}\n")
         progress = progress_pb2.Progress(
-            job_id=args.job_id, attempt=args.attempt, phase="train", step=step, total_steps=steps,
+            job_id=attempt.job_id, attempt=number, phase="train", step=step, total_steps=steps,
             loss=10.0 / step, tokens_per_second=1000.0, step_time_seconds=0.05, mfu=0.25,
             mfu_basis="measured", tokens_total=step * 64, goodput=0.9, lr=1e-3,
         )  # fmt: skip
-        with open(os.path.join(args.run_dir, "metrics.jsonl"), "a") as f:
+        with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
             f.write(
                 json_format.MessageToJson(progress, preserving_proto_field_name=True, indent=None)
             )
@@ -153,11 +149,11 @@ def main():
         if step % every == 0:
             checkpoint()
     # Like the real trainer: a last report with only a summary (zeros elsewhere).
-    done = progress_pb2.Progress(job_id=args.job_id, attempt=args.attempt, phase="done", step=step)
+    done = progress_pb2.Progress(job_id=attempt.job_id, attempt=number, phase="done", step=step)
     done.message = f"done at step {step}"
     reports.put(done)
     reports.put(None)
-    if args.launcher:
+    if attempt.launcher:
         reporter.join(timeout=5)  # let the last reports go out
     print(f"fake_trainer: done at step {step}", flush=True)
     return 0

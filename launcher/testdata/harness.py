@@ -71,8 +71,57 @@ def wait_for_step(client, job_id, step, timeout=30.0) -> job_pb2.Job:
     return job
 
 
+def wait_until(ready, what: str, timeout=30.0):
+    """Polls `ready()` until it is true; fails naming `what` if it never is."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
+
+
 def steps_log(job) -> list[tuple[int, int]]:
     """(attempt, step) for every step the fake trainer ran for this job."""
     path = os.path.join(job.run_dir, "steps.log")
     with open(path) as f:
         return [tuple(map(int, line.split())) for line in f if line.strip()]
+
+
+def admin_tokens_file(tmp_path, token="admin-token") -> str:
+    """A tokens file (auth on) with one admin, who may do everything."""
+    path = tmp_path / "tokens.yaml"
+    path.write_text(f"tokens:\n  - {{token: {token}, user: ops, team: infra, admin: true}}\n")
+    return str(path)
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and its live descendants, from /proc."""
+    children = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # gone meanwhile
+            children.setdefault(ppid, []).append(int(entry))
+    tree, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += children.get(pid, [])
+    return tree
+
+
+def where_it_shows(secret: str, pids) -> list[str]:
+    """ "PID cmdline" or "PID environ" for each process whose argv or environment holds it."""
+    found = []
+    for pid in pids:
+        for part in ("cmdline", "environ"):
+            try:
+                with open(f"/proc/{pid}/{part}", "rb") as f:
+                    if secret.encode() in f.read():
+                        found.append(f"{pid} {part}")
+            except OSError:
+                continue  # gone meanwhile
+    return found
