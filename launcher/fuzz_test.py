@@ -45,6 +45,18 @@ HOSTILE = {
     "trainer.data.input": ["relative/path", "/etc/passwd"],
     "trainer.data.cache_dir": ["{state}/state.db", "{state}/runs/j999999"],
 }
+# Odd but valid: at the edges of every range. A spec with only these must be accepted and run.
+EDGE = {
+    "priority": [1000, -1000],
+    "retry.max_attempts": [100, 1],
+    "retry.backoff_seconds": [0.0, 1e-9],
+    "hang_timeout_seconds": [30 * 86400.0, 0.0],
+    "name": ["n" * 63, "0.-_"],
+    "team": ["t" * 63, ""],
+    "trainer.train.steps": [1, 3],
+    "trainer.data.input": ["/etc/passwd"],  # a single-user launcher lets its user read it
+    "trainer.model.n_kv_heads": [1],
+}
 
 
 def _set(spec, path, value, state):
@@ -58,12 +70,15 @@ def _set(spec, path, value, state):
 
 
 def hostile_requests(rng: random.Random, state: str):
-    """(what was changed, serialized SubmitJobRequest): a small valid job, then 1-3 mutations;
-    every fourth spec also carries a field this schema does not have."""
+    """(what was changed, serialized SubmitJobRequest): a small valid job, then 0-2 edge
+    values and 0-3 hostile ones; every fourth spec also carries a field this schema does not
+    have."""
     for i in range(SPECS):
         spec = h.spec(f"fuzz-{i}", steps=2)
-        changes = rng.sample(sorted(HOSTILE), rng.randint(1, 3))
-        picked = [(path, rng.choice(HOSTILE[path])) for path in changes]
+        edges = rng.sample(sorted(EDGE), rng.randint(0, 2))
+        picked = [(path, rng.choice(EDGE[path])) for path in edges]
+        hostile = rng.sample(sorted(HOSTILE), rng.choice((0, 1, 1, 2, 3)))
+        picked += [(path, rng.choice(HOSTILE[path])) for path in hostile]
         for path, value in picked:
             _set(spec, path, value, state)
         if i % 4 == 3:  # field 999 (varint 1): kept by proto3 as unknown, and refused
@@ -98,7 +113,7 @@ def test_hostile_specs_never_stop_the_launcher(launcher, caplog):
             assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, (picked, e.code(), e.details())
             assert len(e.details()) < 1000 and e.details().startswith("spec."), (picked, e)
             refused.append(picked)
-    assert refused and len(refused) + len(accepted) == SPECS
+    assert len(refused) >= SPECS // 2 and len(accepted) >= 10, (len(refused), len(accepted))
     for _, job in accepted:  # what passed the rules is a job that can run: it ends
         h.wait_for(client, job.id, h.FINAL, timeout=60)
     assert h.wait_for(client, victim.id, h.FINAL, timeout=60).state == job_pb2.SUCCEEDED

@@ -134,9 +134,19 @@ def resolve_trainer(
 ) -> trainer_config_pb2.TrainerConfig:
     """Rule 3: a copy of `cfg` with every default applied, or a ConfigError."""
     check_wire(cfg, "trainer")
+    _set_ranges(cfg)  # first: a derived default (ffn_dim from dim) must not overflow
     out = defaults.with_defaults(cfg, kind, world_size)
     validate_trainer(out, kind, world_size)
     return out
+
+
+def _set_ranges(cfg: trainer_config_pb2.TrainerConfig) -> None:
+    """The ranges of the fields a user set (the others take defaults, in range by design)."""
+    for section, fields in defaults.SECTIONS.items():
+        message = getattr(cfg, section)
+        for name, field in fields.items():
+            if message.HasField(name):
+                _check_range(getattr(message, name), field, f"trainer.{section}.{name}")
 
 
 def resolve_data(data: trainer_config_pb2.DataConfig) -> trainer_config_pb2.DataConfig:
