@@ -26,7 +26,7 @@ from google.protobuf import json_format
 
 from protos import trainer_config_pb2
 from trainer import distributed
-from trainer.data.files import fsync_dir, json_bytes, sha256_file, write_bytes
+from trainer.data.files import FileDigest, fsync_dir, json_bytes, sha256_file, write_bytes
 
 PREFIX = "step_"
 FILES = ("model.pt", "train.pt")
@@ -34,14 +34,6 @@ FILES = ("model.pt", "train.pt")
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete or does not match its checksums."""
-
-
-@dataclass(frozen=True)
-class FileDigest:
-    """A file of a checkpoint as meta.json records it."""
-
-    sha256: str
-    bytes: int
 
 
 @dataclass(frozen=True)

@@ -259,6 +259,6 @@ def read_unit(unit: WorkUnit, cfg, fmt: str, skip_invalid_utf8: bool = False):
         index += 1
 
 
-def input_hashes(plan: CorpusPlan) -> list:
-    """[[relpath, size, sha256], ...]: the inputs as the manifest and the cache key see them."""
-    return [[f.relpath, f.size, f.sha256] for f in plan.files]
+def input_hashes(plan: CorpusPlan) -> list[tuple[str, int, str]]:
+    """[(relpath, size, sha256), ...]: the inputs as the manifest and the cache key see them."""
+    return [(f.relpath, f.size, f.sha256) for f in plan.files]
