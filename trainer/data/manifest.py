@@ -234,9 +234,13 @@ def read_manifest(path: str, kind: type[M]) -> M:
         raise ValueError(f"{name}: {err}") from None
 
 
+def as_json(manifest: Manifest) -> dict[str, Any]:
+    """The whole of manifest.json: the manifest, its kind and the format version."""
+    return {"format_version": FORMAT_VERSION, "kind": manifest.KIND, **to_json(manifest)}
+
+
 def write_manifest(directory: str, manifest: Manifest) -> None:
-    body = {"format_version": FORMAT_VERSION, "kind": manifest.KIND, **to_json(manifest)}
-    files.write_bytes(os.path.join(directory, MANIFEST), files.json_bytes(body))
+    files.write_bytes(os.path.join(directory, MANIFEST), files.json_bytes(as_json(manifest)))
 
 
 def problem(path: str, manifest: Manifest) -> str | None:
