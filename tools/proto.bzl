@@ -11,8 +11,9 @@ compiled with the repository root on the include path: `import "protos/job.proto
 """
 
 def kitchen_py_proto(name, srcs, deps = [], grpc = False, visibility = None):
-    """Generates `<file>_pb2.py`, its stub `<file>_pb2.pyi` (and `<file>_pb2_grpc.py` when grpc)
-    for each proto in srcs.
+    """Generates `<file>_pb2.py` and its stub `<file>_pb2.pyi` for each proto in srcs.
+
+    With grpc, also `<file>_pb2_grpc.py`.
 
     Args:
       name: the py_library to create.
