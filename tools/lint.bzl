@@ -1,8 +1,9 @@
 """`package_lint`: ruff, mypy and buildifier as test targets of the package that calls it.
 
 Each package lints only its own files, so editing one package re-runs only its lint tests.
-Call it last in a BUILD file: the mypy test takes the Python targets defined before it as data,
-so that the modules (and generated proto stubs) its files import are there to be followed.
+Call it last in a BUILD file: the mypy test takes the Python libraries defined before it (and the
+deps of the binaries and tests) as data, so that the modules (and generated proto stubs) its
+files import are there to be followed.
 """
 
 _PYTHON_RULES = ("py_library", "py_binary", "py_test")
@@ -32,18 +33,21 @@ def package_lint(name = "lint", extra_python = [], exclude = [], mypy_deps = [])
             python_version = "PY3",
         )
 
-        # The package's own Python targets (tests included) bring everything its files import.
-        targets = [
-            ":" + rule["name"]
-            for rule in native.existing_rules().values()
-            if rule["kind"] in _PYTHON_RULES and rule["name"] != "ruff_test"
-        ]
+        # What the package's files import: its libraries, and the deps of its binaries and
+        # tests (not the tests themselves, whose data may be costly to build: images).
+        imports = {}
+        for rule in native.existing_rules().values():
+            if rule["kind"] == "py_library":
+                imports[":" + rule["name"]] = True
+            elif rule["kind"] in _PYTHON_RULES and rule["name"] != "ruff_test":
+                for dep in rule.get("deps", []):
+                    imports[dep] = True
         native.py_test(
             name = "mypy_test",
             srcs = ["//tools/lint:mypy_check.py"],
             main = "//tools/lint:mypy_check.py",
             args = ["$(rootpath //:mypy.ini)"] + ["$(rootpath {})".format(f) for f in python],
-            data = python + targets + mypy_deps + ["//:mypy.ini"],
+            data = python + imports.keys() + mypy_deps + ["//:mypy.ini"],
             size = "small",
             tags = ["lint"],
             python_version = "PY3",
