@@ -55,8 +55,14 @@ def test_followed_logs_end_with_the_job(launcher, tmp_path):
         (lambda s: setattr(s, "name", "bad name!"), "spec.name: 'bad name!'"),
         (lambda s: setattr(s.resources, "pool", "gpu"), "spec.resources.pool: no pool 'gpu'"),
         (lambda s: setattr(s.resources, "nodes", 2), "spec.resources.nodes: 2 nodes, but pool"),
-        (lambda s: setattr(s.trainer.model, "n_heads", 0), "spec.trainer.model.n_heads: 0 is not in [1, 1,024]"),
-        (lambda s: setattr(s.retry, "max_attempts", -1), "spec.retry.max_attempts: -1 is not in [0, 100]"),
+        (
+            lambda s: setattr(s.trainer.model, "n_heads", 0),
+            "spec.trainer.model.n_heads: 0 is not in [1, 1,024]",
+        ),
+        (
+            lambda s: setattr(s.retry, "max_attempts", -1),
+            "spec.retry.max_attempts: -1 is not in [0, 100]",
+        ),
     ],
 )
 def test_bad_specs_are_rejected_and_nothing_is_stored(launcher, mutate, message):

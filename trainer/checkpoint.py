@@ -3,24 +3,30 @@
 A checkpoint is a directory `step_00000050/` holding
   model.pt     the full (unsharded) model state dict
   train.pt     optimizer, scheduler, RNG states of every rank, loss guard, counters
-  meta.json    step, SHA-256 and size of both files, loader positions of every rank, and what
-               is needed to rebuild the model (its config and vocabulary size)
+  meta.json    `CheckpointMeta`: step, SHA-256 and size of both files, loader positions of
+               every rank, and what is needed to rebuild the model (its config and vocabulary)
 It is written into a temporary directory beside the others, every file fsynced, then renamed
 into place: a crash mid-save leaves the previous checkpoint as the newest complete one.
 Only rank 0 writes; every rank joins in gathering sharded (FSDP) state.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Self
 
 import torch
+from google.protobuf import json_format
 
+from protos import trainer_config_pb2
 from trainer import distributed
-from trainer.data.files import fsync_dir, json_bytes, sha256_file, write_bytes
+from trainer.data.files import FileDigest, fsync_dir, json_bytes, sha256_file, write_bytes
 
 PREFIX = "step_"
 FILES = ("model.pt", "train.pt")
@@ -28,6 +34,50 @@ FILES = ("model.pt", "train.pt")
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, incomplete or does not match its checksums."""
+
+
+@dataclass(frozen=True)
+class TrainingRun:
+    """What every checkpoint of a run records besides its step: how to rebuild the model, and
+    what it was trained on."""
+
+    kind: str  # the job kind: "PRETRAIN" or "SFT"
+    model: trainer_config_pb2.ModelConfig
+    vocab_size: int
+    dataset: str  # the precooked dataset's directory
+    world_size: int  # processes that trained it: the data order continues only with as many
+
+
+@dataclass(frozen=True)
+class CheckpointMeta(TrainingRun):
+    """meta.json of one checkpoint (`to_json`/`from_json` keep its on-disk format)."""
+
+    step: int
+    loader: list[dict[str, Any]]  # every rank's PackedRowLoader.state_dict(), by rank
+    files: dict[str, FileDigest]  # model.pt, train.pt
+    saved_at: float  # time.time() of the save
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["model"] = json_format.MessageToDict(self.model, preserving_proto_field_name=True)
+        out["files"] = {name: dataclasses.asdict(d) for name, d in self.files.items()}
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, source: Path) -> Self:
+        """The meta of a parsed meta.json; CheckpointError naming `source` if it is not one."""
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{source}: not a JSON object")
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in data]
+        if missing:
+            raise CheckpointError(f"{source}: no {', '.join(missing)}")
+        fields = {f.name: data[f.name] for f in dataclasses.fields(cls)}
+        try:
+            fields["model"] = json_format.ParseDict(data["model"], trainer_config_pb2.ModelConfig())
+            fields["files"] = {name: FileDigest(**d) for name, d in data["files"].items()}
+        except (json_format.ParseError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{source}: model or files malformed ({e})") from e
+        return cls(**fields)
 
 
 class _HashingFile:
@@ -46,14 +96,14 @@ class _HashingFile:
     def flush(self) -> None:
         self.file.flush()
 
-    def close(self) -> dict:
+    def close(self) -> FileDigest:
         self.file.flush()
         os.fsync(self.file.fileno())
         self.file.close()
-        return {"sha256": self.sha.hexdigest(), "bytes": self.size}
+        return FileDigest(sha256=self.sha.hexdigest(), bytes=self.size)
 
 
-def _save(obj, path: Path) -> dict:
+def _save(obj, path: Path) -> FileDigest:
     out = _HashingFile(path)
     try:
         torch.save(obj, out)
@@ -103,21 +153,22 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
     set_optimizer_state_dict(model, optimizer, state, options=_state_options())
 
 
-def verify(path: Path, files=FILES) -> dict:
+def verify(path: Path, files: tuple[str, ...] = FILES) -> CheckpointMeta:
     """meta.json of checkpoint `path` after checking `files` against it; else CheckpointError."""
     try:
-        meta = json.loads((path / "meta.json").read_text())
+        data = json.loads((path / "meta.json").read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: meta.json unreadable ({e})") from e
+    meta = CheckpointMeta.from_json(data, path / "meta.json")
     for name in files:
-        expected = meta.get("files", {}).get(name)
+        expected = meta.files.get(name)
         file = path / name
         if expected is None or not file.exists():
             raise CheckpointError(f"{path}: {name} missing")
         size = file.stat().st_size
-        if size != expected["bytes"]:
-            raise CheckpointError(f"{path}: {name} is {size} bytes, expected {expected['bytes']}")
-        if sha256_file(file) != expected["sha256"]:
+        if size != expected.bytes:
+            raise CheckpointError(f"{path}: {name} is {size} bytes, expected {expected.bytes}")
+        if sha256_file(str(file)) != expected.sha256:
             raise CheckpointError(f"{path}: {name} does not match its SHA-256")
     return meta
 
@@ -129,7 +180,12 @@ def checkpoints(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
 
 
-def newest_valid(directory: Path, files=FILES, warn=print) -> tuple[Path, dict] | None:
+Found = tuple[Path, CheckpointMeta]  # a valid checkpoint's directory and its meta
+
+
+def newest_valid(
+    directory: Path, files: tuple[str, ...] = FILES, warn: Callable[[str], object] = print
+) -> Found | None:
     """The newest checkpoint that passes `verify`, warning about each damaged one skipped."""
     for path in reversed(checkpoints(directory)):
         try:
@@ -151,12 +207,20 @@ class Checkpointer:
             for stale in self.directory.glob(".tmp-*"):  # a save that died midway
                 shutil.rmtree(stale, ignore_errors=True)
 
-    def save(self, step: int, model, optimizer, train_state: dict, meta: dict) -> Path:
-        """Collective: every rank calls it. `train_state` is this rank's (RNG included);
-        `meta` is JSON and must carry "loader": this rank's loader state."""
+    def save(
+        self,
+        step: int,
+        model,
+        optimizer,
+        train_state: dict,
+        loader_position: dict[str, Any],
+        run: TrainingRun,
+    ) -> Path:
+        """Collective: every rank calls it. `train_state` (RNG included) and `loader_position`
+        (where its next batch starts) are this rank's."""
         model_sd = model_state(model)
         optim_sd = optimizer_state(model, optimizer)
-        ranks = distributed.gather_objects({"train": train_state, "loader": meta["loader"]})
+        ranks = distributed.gather_objects({"train": train_state, "loader": loader_position})
         final = self.directory / f"{PREFIX}{step:08d}"
         if self.is_main:
             tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
@@ -169,20 +233,25 @@ class Checkpointer:
                     tmp / "train.pt",
                 ),
             }
-            full_meta = dict(meta, step=step, files=files, saved_at=time.time())
-            full_meta["loader"] = [r["loader"] for r in ranks]
-            write_bytes(tmp / "meta.json", json_bytes(full_meta))
-            fsync_dir(tmp)
+            meta = CheckpointMeta(
+                **{f.name: getattr(run, f.name) for f in dataclasses.fields(TrainingRun)},
+                step=step,
+                loader=[r["loader"] for r in ranks],
+                files=files,
+                saved_at=time.time(),
+            )
+            write_bytes(str(tmp / "meta.json"), json_bytes(meta.to_json()))
+            fsync_dir(str(tmp))
             if final.exists():  # the same step saved again (after a rollback): replace it
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            fsync_dir(self.directory)
+            fsync_dir(str(self.directory))
             for old in checkpoints(self.directory)[: -self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         distributed.barrier()
         return final
 
-    def find(self, warn=print) -> tuple[Path, dict] | None:
+    def find(self, warn: Callable[[str], object] = print) -> Found | None:
         """Collective: the newest valid checkpoint, chosen on rank 0 and shared."""
         found = newest_valid(self.directory, warn=warn) if self.is_main else None
         return distributed.broadcast_object(found)
@@ -196,26 +265,22 @@ def load(path: Path, model, optimizer, rank: int) -> dict:
     return train["ranks"][rank]
 
 
-def load_model(path: Path, device, use_kernels: bool = True):
+def load_model(path: Path, device, use_kernels: bool = True) -> tuple[Any, CheckpointMeta]:
     """(model, meta) for evaluation or generation: the model alone, rebuilt from meta.json."""
-    from google.protobuf import json_format
-
-    from protos import trainer_config_pb2
     from trainer.model import Transformer, select_ops
 
     path = Path(path)
     meta = verify(path, files=("model.pt",))
-    model_cfg = json_format.ParseDict(meta["model"], trainer_config_pb2.ModelConfig())
-    model = Transformer(model_cfg, meta["vocab_size"], ops=select_ops(use_kernels, device))
+    model = Transformer(meta.model, meta.vocab_size, ops=select_ops(use_kernels, device))
     model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", mmap=True))
     return model.to(device).eval(), meta
 
 
-def pretrained(path: Path, model_cfg, vocab_size: int) -> dict:
-    """meta.json of the checkpoint an SFT run starts from, if its model fits `model_cfg` (a
-    ModelConfig) and `vocab_size`; else a ConfigError naming trainer.checkpoint.path."""
-    from google.protobuf import json_format
-
+def pretrained(
+    path: Path, model_cfg: trainer_config_pb2.ModelConfig, vocab_size: int
+) -> CheckpointMeta:
+    """meta.json of the checkpoint an SFT run starts from, if its model fits `model_cfg` and
+    `vocab_size`; else a ConfigError naming trainer.checkpoint.path."""
     from protos.config_yaml import ConfigError
 
     field = "trainer.checkpoint.path"
@@ -223,15 +288,16 @@ def pretrained(path: Path, model_cfg, vocab_size: int) -> dict:
         meta = verify(path, files=("model.pt",))
     except CheckpointError as e:
         raise ConfigError(field, str(e)) from e
-    if meta["vocab_size"] != vocab_size:
+    if meta.vocab_size != vocab_size:
         raise ConfigError(
             field,
-            f"{path} has a {meta['vocab_size']}-token vocabulary, the SFT data "
+            f"{path} has a {meta.vocab_size}-token vocabulary, the SFT data "
             f"{vocab_size}: precook it with tokenizer: BPE_FILE and tokenizer_path: "
             "the pretraining dataset's tokenizer.json",
         )
     ours = json_format.MessageToDict(model_cfg, preserving_proto_field_name=True)
-    for name, value in meta["model"].items():
+    theirs = json_format.MessageToDict(meta.model, preserving_proto_field_name=True)
+    for name, value in theirs.items():
         if name not in ("max_seq_len", "use_kernels") and ours.get(name) != value:
             raise ConfigError(
                 field,

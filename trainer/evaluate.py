@@ -8,12 +8,15 @@ model that learned something about the text does better.
 """
 
 import math
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
+from protos.trainer_config_pb2 import TrainerConfig
 from trainer import distributed
+from trainer.distributed import DistEnv
 from trainer.model import attention_layout
 
 CONTEXT = 32
@@ -26,7 +29,7 @@ class HeldoutLoss(NamedTuple):
     tokens: int  # labelled tokens it was measured on
 
 
-def _eval_loader(dataset_path, cfg, env):
+def _eval_loader(dataset_path: str | Path, cfg: TrainerConfig, env: DistEnv):
     """The eval split's loader, or None when the split has no rows."""
     from trainer.data.loader import PackedRowLoader
 
@@ -48,7 +51,13 @@ def _autocast(device, dtype):
 
 
 @torch.no_grad()
-def heldout_loss(model, dataset_path, cfg, env, dtype) -> HeldoutLoss | None:
+def heldout_loss(
+    model: torch.nn.Module,
+    dataset_path: str | Path,
+    cfg: TrainerConfig,
+    env: DistEnv,
+    dtype: torch.dtype,
+) -> HeldoutLoss | None:
     """Mean loss over the first `train.eval_batches` batches of the eval split (every rank
     takes its own share); None when the split is empty."""
     loader = _eval_loader(dataset_path, cfg, env)
@@ -102,7 +111,14 @@ def _log_likelihood(model, prefix: torch.Tensor, candidates: torch.Tensor, devic
 
 
 @torch.no_grad()
-def choice_accuracy(model, dataset_path, cfg, env, dtype, questions: int = 128):
+def choice_accuracy(
+    model: torch.nn.Module,
+    dataset_path: str | Path,
+    cfg: TrainerConfig,
+    env: DistEnv,
+    dtype: torch.dtype,
+    questions: int = 128,
+) -> tuple[float, int]:
     """(accuracy, questions asked) of the continuation-choice task; (nan, 0) if the eval
     split has too few long documents.
 

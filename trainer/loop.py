@@ -6,26 +6,34 @@ into micro-batches and ranks), forward and backward each micro-batch (gradients 
 the last), clip, let the loss guard veto the update, step the optimizer and the schedule.
 """
 
+import enum
 import math
 import signal
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from protos import job_pb2, trainer_config_pb2
 from protos.enums import enum_name
 from trainer import checkpoint, distributed, evaluate
 from trainer.config import train_dtype
+from trainer.distributed import DistEnv
 from trainer.grad_noise import GradientNoiseScale
-from trainer.loss_guard import OK, ROLLBACK, LossGuard
+from trainer.loss_guard import LossGuard, Verdict
 from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_start_time
 from trainer.model import Transformer, attention_layout, select_ops
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.sizing import flops
 
-PREEMPTED = "preempted"
-DONE = "done"
+
+class Outcome(enum.Enum):
+    """How `Trainer.run` ended; the value is the phase of the run's last progress record."""
+
+    DONE = "done"  # trained to train.steps
+    PREEMPTED = "preempted"  # a stop was requested: a checkpoint was saved, the job may resume
 
 
 class TrainingError(RuntimeError):
@@ -36,20 +44,25 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)  # also seeds every CUDA device
 
 
-def rng_state(device) -> dict:
+def rng_state(device: torch.device) -> dict:
     state = {"cpu": torch.get_rng_state()}
     if device.type == "cuda":
         state["cuda"] = torch.cuda.get_rng_state(device)
     return state
 
 
-def set_rng_state(state: dict, device) -> None:
+def set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
     if device.type == "cuda" and "cuda" in state:
         torch.cuda.set_rng_state(state["cuda"], device)
 
 
-def build_model(cfg, vocab_size: int, device, recompute: str = "NONE") -> Transformer:
+def build_model(
+    cfg: trainer_config_pb2.TrainerConfig,
+    vocab_size: int,
+    device: torch.device,
+    recompute: str = "NONE",
+) -> Transformer:
     """The Transformer of a resolved config, initialized from `train.seed`, on `device`."""
     seed_everything(cfg.train.seed)
     ops = select_ops(cfg.model.use_kernels, device)
@@ -57,7 +70,18 @@ def build_model(cfg, vocab_size: int, device, recompute: str = "NONE") -> Transf
 
 
 class Trainer:
-    def __init__(self, cfg, kind, run_dir, env, dataset_path, vocab_size, *, log):
+    def __init__(
+        self,
+        cfg: trainer_config_pb2.TrainerConfig,
+        kind: job_pb2.JobKind.ValueType,
+        run_dir: str | Path,
+        env: DistEnv,
+        dataset_path: str | Path,
+        vocab_size: int,
+        *,
+        log: Callable[[str], None],
+    ):
+        """`cfg`: resolved (protos.validation.resolve_trainer); `kind`: PRETRAIN or SFT."""
         from trainer.data.loader import PackedRowLoader
 
         self.cfg, self.kind, self.env, self.log = cfg, kind, env, log
@@ -109,7 +133,8 @@ class Trainer:
         )
         self.step, self.tokens_total = 0, 0
         self.restore_s = 0.0  # spent restoring in this process (not start-up)
-        self.stop_requested = lambda: False  # replaced by main: SIGTERM or the launcher
+        # replaced by main: SIGTERM or the launcher
+        self.stop_requested: Callable[[], bool] = lambda: False
         ops = "Triton kernels" if model.ops.__name__ == "kernels" else "PyTorch reference ops"
         log(
             f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters "
@@ -132,43 +157,42 @@ class Trainer:
         }
 
     def save(self) -> Path:
-        from google.protobuf import json_format
-
         start = time.perf_counter()
-        meta = {
-            "kind": self.kind,
-            "model": json_format.MessageToDict(self.cfg.model, preserving_proto_field_name=True),
-            "vocab_size": self.vocab_size,
-            "dataset": self.dataset_path,
-            "world_size": self.env.world_size,
-            "loader": self.loader_position,
-        }
+        run = checkpoint.TrainingRun(
+            kind=job_pb2.JobKind.Name(self.kind),
+            model=self.cfg.model,
+            vocab_size=self.vocab_size,
+            dataset=self.dataset_path,
+            world_size=self.env.world_size,
+        )
         path = self.checkpointer.save(
-            self.step, self.model, self.optimizer, self.train_state(), meta
+            self.step, self.model, self.optimizer, self.train_state(), self.loader_position, run
         )
         self.goodput.add("checkpoint_save", time.perf_counter() - start)
         self.goodput.checkpointed()
         return path
 
-    def restore(self, path: Path, meta: dict, *, rollback: bool = False) -> None:
+    def restore(
+        self, path: Path, meta: checkpoint.CheckpointMeta, *, rollback: bool = False
+    ) -> None:
         """Load checkpoint `path`. A resume also restores the data position and RNG; a
         rollback keeps the loader where it is, so the batches that caused it are skipped."""
         start = time.perf_counter()
-        if meta["world_size"] != self.env.world_size:
+        if meta.world_size != self.env.world_size:
             raise TrainingError(
-                f"{path}: written by {meta['world_size']} processes, resuming with "
+                f"{path}: written by {meta.world_size} processes, resuming with "
                 f"{self.env.world_size}; the data order cannot continue exactly"
             )
         state = checkpoint.load(path, self.model, self.optimizer, self.env.rank)
         self.scheduler.load_state_dict(state["scheduler"])
-        self.step = meta["step"]
+        self.step = meta.step
         if rollback:
             counters = self.guard.skipped, self.guard.rollbacks
             self.guard.load_state_dict(state["guard"])
             self.guard.skipped, self.guard.rollbacks = counters
             self.goodput.rolled_back()
         else:
-            self.loader.load_state_dict(meta["loader"][self.env.rank])
+            self.loader.load_state_dict(meta.loader[self.env.rank])
             set_rng_state(state["rng"], self.device)
             self.guard.load_state_dict(state["guard"])
             self.noise.load_state_dict(state["noise"])
@@ -187,12 +211,12 @@ class Trainer:
                 self.restore(*found)
                 self.log(f"resumed from {found[0]} (step {self.step})")
                 return
-        if self.kind == "SFT" and self.cfg.checkpoint.path:
+        if self.kind == job_pb2.SFT and self.cfg.checkpoint.path:
             path = Path(self.cfg.checkpoint.path)
             meta = checkpoint.pretrained(path, self.cfg.model, self.vocab_size)
             state = torch.load(path / "model.pt", map_location="cpu", mmap=True)
             checkpoint.load_model_state(self.model, state)
-            self.log(f"fine-tuning from {path} (step {meta['step']})")
+            self.log(f"fine-tuning from {path} (step {meta.step})")
 
     # ------------------------------------------------------------------ one step
 
@@ -244,20 +268,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def run(self) -> str:
-        """Train to `train.steps`; DONE, or PREEMPTED after saving a checkpoint."""
+    def run(self) -> Outcome:
+        """Train to `train.steps`, or until a stop is requested (a checkpoint is saved)."""
         self.goodput.add("startup", time.time() - self.goodput.started - self.restore_s)
         self.metrics.identity["total_steps"] = self.cfg.train.steps
         first_step = self.step
         while self.step < self.cfg.train.steps:
-            if self.advance(first_step) == PREEMPTED:
-                return PREEMPTED
+            if self.advance(first_step) is Outcome.PREEMPTED:
+                return Outcome.PREEMPTED
         if self.step > first_step:
             self.log(f"saved {self.save()}")
         self.evaluate()
-        return DONE
+        return Outcome.DONE
 
-    def advance(self, first_step: int = 0) -> str | None:
+    def advance(self, first_step: int = 0) -> Outcome | None:
         """One optimizer step and what follows it (metrics, checkpoint, eval); PREEMPTED when
         a stop was requested instead. `first_step`: where this process started (logged)."""
         t, every = self.cfg.train, self.cfg.checkpoint.every_steps
@@ -273,10 +297,10 @@ class Trainer:
         if agreed[2] > 0:
             path = self.save()
             self.log(f"stop requested: saved {path} at step {self.step}; exiting")
-            return PREEMPTED
+            return Outcome.PREEMPTED
         loss, grad_norm = self.train_step(batches, max(agreed[0], 1.0))
         verdict = self.guard.check(loss)
-        if verdict == OK:
+        if verdict is Verdict.OK:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
@@ -288,7 +312,7 @@ class Trainer:
         self.loader_position = self.loader.state_dict()
         step_s = time.perf_counter() - start
         self.goodput.add("data", data_s)
-        if verdict != OK:
+        if verdict is not Verdict.OK:
             self.goodput.add("lost", step_s - data_s)
         elif t.compile and self.step == first_step + 1:
             self.goodput.add("startup", step_s - data_s)  # mostly compiling the blocks
@@ -301,13 +325,13 @@ class Trainer:
             tokens=tokens,
             positions=positions,
             padding=int(agreed[1]),
-            loss=loss if verdict == OK else None,
+            loss=loss if verdict is Verdict.OK else None,
             step_time=step_s,
             data_time=data_s,
         )
-        if verdict != OK:
+        if verdict is not Verdict.OK:
             self.log(f"step {self.step}: loss {loss:.4g} rejected by the loss guard")
-        if verdict == ROLLBACK:
+        if verdict is Verdict.ROLLBACK:
             self._rollback()
             return None
         if self.step % t.log_every == 0 or self.step in (first_step + 1, t.steps):
@@ -375,8 +399,8 @@ class Trainer:
         return result.loss
 
 
-def install_sigterm_handler() -> callable:
+def install_sigterm_handler() -> Callable[[], bool]:
     """SIGTERM (a preemption) sets a flag the loop checks between steps; returns the check."""
-    received = []
+    received: list[int] = []
     signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
     return lambda: bool(received)

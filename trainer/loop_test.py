@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from protos import job_pb2
 from protos.config_yaml import job_spec_from_dict
 from protos.validation import resolve_trainer
 from trainer import loop
@@ -28,9 +29,9 @@ def make_trainer(cache, run_dir, bad_calls, **sections):
     spec = job_spec_from_dict(tiny_job(cache, **sections))
     cfg = resolve_trainer(spec.trainer)
     ds = precook_dataset(cfg.data, str(cache), show_progress=False)
-    messages = []
+    messages: list[str] = []
     trainer = loop.Trainer(
-        cfg, "PRETRAIN", run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=messages.append
+        cfg, job_pb2.PRETRAIN, run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=messages.append
     )
     real_step, calls, updates = trainer.train_step, [], []
 
@@ -39,14 +40,14 @@ def make_trainer(cache, run_dir, bad_calls, **sections):
         calls.append(trainer.step + 1)
         return (math.nan if len(calls) in bad_calls else loss), grad_norm
 
-    trainer.train_step = train_step
+    trainer.train_step = train_step  # type: ignore[method-assign]  # a NaN on bad_calls
     trainer.optimizer.register_step_post_hook(lambda *_: updates.append(trainer.step + 1))
     return trainer, calls, updates, messages
 
 
 def test_a_nan_loss_skips_only_its_update(cache, tmp_path):
     trainer, calls, updates, _ = make_trainer(cache, tmp_path, bad_calls={3}, steps=6)
-    assert trainer.run() == loop.DONE
+    assert trainer.run() == loop.Outcome.DONE
     assert calls == [1, 2, 3, 4, 5, 6] and updates == [1, 2, 4, 5, 6]
     train = [r for r in read_records(tmp_path) if r["phase"] == "train"]
     assert [int(r["skipped_steps"]) for r in train] == [0, 0, 1, 1, 1, 1]
@@ -58,7 +59,7 @@ def test_bad_steps_in_a_row_roll_back_to_the_last_checkpoint(cache, tmp_path):
     trainer, calls, updates, messages = make_trainer(
         cache, tmp_path, bad_calls={5, 6, 7}, steps=8, checkpoint={"every_steps": 4}
     )
-    assert trainer.run() == loop.DONE
+    assert trainer.run() == loop.Outcome.DONE
     # Steps 5-7 were rejected; the third in a row restored step 4 and training went on from
     # there, with fresh batches (the loader is not rewound: the bad data is not replayed).
     assert calls == [1, 2, 3, 4, 5, 6, 7, 5, 6, 7, 8]

@@ -4,6 +4,7 @@ After `max_bad` bad steps in a row the caller rolls back to the last checkpoint 
 the same: restart from a checkpoint and skip the offending batches).
 """
 
+import enum
 import math
 import statistics
 from collections import deque
@@ -11,7 +12,13 @@ from collections import deque
 WINDOW = 32  # recent good losses the median is taken over
 MIN_HISTORY = 8  # no spike verdicts before this many good losses (the loss falls fast early)
 
-OK, SKIP, ROLLBACK = "ok", "skip", "rollback"
+
+class Verdict(enum.Enum):
+    """What the guard makes of one step's loss."""
+
+    OK = "ok"  # apply the update
+    SKIP = "skip"  # drop it
+    ROLLBACK = "rollback"  # drop it and restore the last checkpoint
 
 
 class LossGuard:
@@ -23,19 +30,18 @@ class LossGuard:
         self.skipped = 0  # all-time count of skipped updates
         self.rollbacks = 0
 
-    def check(self, loss: float) -> str:
-        """OK (apply the update), SKIP (drop it) or ROLLBACK (drop it and restore)."""
+    def check(self, loss: float) -> Verdict:
         if self.is_good(loss):
             self.recent.append(loss)
             self.bad_in_a_row = 0
-            return OK
+            return Verdict.OK
         self.skipped += 1
         self.bad_in_a_row += 1
         if self.bad_in_a_row >= self.max_bad:
             self.bad_in_a_row = 0
             self.rollbacks += 1
-            return ROLLBACK
-        return SKIP
+            return Verdict.ROLLBACK
+        return Verdict.SKIP
 
     def is_good(self, loss: float) -> bool:
         if not math.isfinite(loss):

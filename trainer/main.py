@@ -88,11 +88,12 @@ def precook(cfg, cache: str, env, log):
     return ds
 
 
-def train(cfg, kind: str, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
+def train(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     from trainer import loop, plots
 
     run_dir = Path(attempt.run_dir)
     ds = precook(cfg, attempt.cache_dir, env, log)
+    kind = attempt.spec.kind
     trainer = loop.Trainer(cfg, kind, run_dir, env, ds.path, ds.tokenizer.vocab_size, log=log)
     trainer.metrics.identity.update(job_id=attempt.job_id, attempt=attempt.number)
     if client is not None:
@@ -105,12 +106,11 @@ def train(cfg, kind: str, attempt: attempt_pb2.Attempt, env, log, client) -> Exi
     summary = trainer.goodput.summary()
     log(summary)
     if env.is_main:
-        done = "preempted" if outcome == loop.PREEMPTED else "done"
-        trainer.metrics.write(trainer._progress(phase=done, message=summary))
+        trainer.metrics.write(trainer._progress(phase=outcome.value, message=summary))
         png = plots.plot_loss(run_dir)
         if png:
             log(f"loss curves: {png}")
-    return ExitCode.PREEMPTED if outcome == loop.PREEMPTED else ExitCode.OK
+    return ExitCode.PREEMPTED if outcome is loop.Outcome.PREEMPTED else ExitCode.OK
 
 
 def load_checkpoint_model(cfg, run_dir: Path, env, log):
@@ -127,14 +127,14 @@ def load_checkpoint_model(cfg, run_dir: Path, env, log):
         model, meta = checkpoint.load_model(path, env.device, cfg.model.use_kernels)
     except checkpoint.CheckpointError as e:
         raise BadInput(f"trainer.checkpoint.path: {e}") from e
-    log(f"loaded {path} (step {meta['step']})")
+    log(f"loaded {path} (step {meta.step})")
     return model, meta, path
 
 
 def _dataset_of(meta, cfg, attempt: attempt_pb2.Attempt, env, log) -> str:
     """The checkpoint's own dataset when it is still there, else `cfg.data` precooked."""
-    if Path(meta["dataset"]).exists():
-        return meta["dataset"]
+    if Path(meta.dataset).exists():
+        return meta.dataset
     return precook(cfg, attempt.cache_dir, env, log).path
 
 
@@ -157,7 +157,7 @@ def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
         f"{accuracy:.1%} on {asked} questions (chance {1 / evaluate.CHOICES:.0%})"
     )
     if env.is_main:
-        report = dict(result._asdict(), checkpoint=str(path), step=meta["step"])
+        report = dict(result._asdict(), checkpoint=str(path), step=meta.step)
         report.update(choice_accuracy=accuracy, choice_questions=asked)
         write_json_atomic(str(run_dir / "eval.json"), report)
     return ExitCode.OK
@@ -180,7 +180,7 @@ def generate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
         top_p=g.top_p,
         seed=g.seed,
         stop_id=tokenizer.eos_id,
-        max_len=int(meta["model"]["max_seq_len"]),
+        max_len=meta.model.max_seq_len,
     )
     if env.is_main:
         print(g.prompt + tokenizer.decode(new), flush=True)
@@ -243,14 +243,14 @@ def _run(args) -> ExitCode:
             )
             client.send(started)
         if spec.kind == job_pb2.PRECOOK:
-            counts = precook(cfg, attempt.cache_dir, env, log).manifest["counts"]
+            counts = precook(cfg, attempt.cache_dir, env, log).manifest.counts
             log(
-                f"precooked {counts['documents']:,} documents, {counts['tokens']:,} tokens "
-                f"in {counts['rows']:,} rows ({counts['padding_tokens']:,} padding tokens)"
+                f"precooked {counts.documents:,} documents, {counts.tokens:,} tokens "
+                f"in {counts.rows:,} rows ({counts.padding_tokens:,} padding tokens)"
             )
             return ExitCode.OK
         if spec.kind in (job_pb2.PRETRAIN, job_pb2.SFT):
-            return train(cfg, kind, attempt, env, log, client)
+            return train(cfg, attempt, env, log, client)
         if spec.kind == job_pb2.EVAL:
             return evaluate_job(cfg, attempt, env, log)
         return generate_job(cfg, attempt, env, log)

@@ -10,7 +10,7 @@ import grpc
 import pytest
 import torch
 
-from protos import launcher_pb2, launcher_pb2_grpc
+from protos import launcher_pb2, launcher_pb2_grpc, progress_pb2
 from protos.exit_codes import ExitCode
 from trainer import main
 from trainer.testing import tiny_job, write_attempt
@@ -22,8 +22,9 @@ class Launcher(launcher_pb2_grpc.LauncherServicer):
     """Collects Progress; answers stop=True after `stop_after` train records (0: never)."""
 
     def __init__(self, stop_after: int = 0):
-        self.received, self.stop_after = [], stop_after
-        self.metadata = set()
+        self.received: list[progress_pb2.Progress] = []
+        self.stop_after = stop_after
+        self.metadata: set[tuple[str, str]] = set()
         self.lock = threading.Lock()
 
     def ReportProgress(self, request_iterator, context):

@@ -6,6 +6,7 @@ import sys
 import sysconfig
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 import yaml
@@ -21,7 +22,7 @@ def stdlib_package(name: str = "email") -> str:
 def tiny_job(cache_dir, *, kind="PRETRAIN", steps=8, **sections) -> dict:
     """A YAML-shaped job: a 2-layer model on seq 64 rows of a stdlib package. `sections`
     update the trainer sections, e.g. train={"grad_accum": 2}."""
-    trainer = {
+    trainer: dict[str, dict[str, Any]] = {
         "data": {
             "input": stdlib_package(),
             "vocab_size": 512,

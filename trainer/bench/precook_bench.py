@@ -82,8 +82,8 @@ def precook_run(tokenizer_json: str) -> tuple[float, int, float, float]:
         ds = precook_dataset(cfg, cache, show_progress=False)
         seconds = time.perf_counter() - start
         cpu = time.process_time() - cpu + children_cpu_s() - child_cpu
-    docs = ds.manifest["documents"]["total"]
-    text_tokens = ds.manifest["counts"]["tokens"] - 2 * docs  # without <bos>/<eos>
+    docs = ds.manifest.documents.total
+    text_tokens = ds.manifest.counts.tokens - 2 * docs  # without <bos>/<eos>
     return text_tokens / seconds, text_tokens, seconds, cpu
 
 

@@ -18,11 +18,12 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from protos import trainer_config_pb2
+from protos import job_pb2, trainer_config_pb2
 from protos.validation import resolve_trainer
 from trainer import loop
 from trainer.data.loader import PackedRowLoader
@@ -60,7 +61,7 @@ def copy(cfg):
 
 def new_trainer(cfg, ds, env, run_dir):
     vocab = ds.tokenizer.vocab_size
-    return loop.Trainer(cfg, "PRETRAIN", run_dir, env, ds.path, vocab, log=quiet)
+    return loop.Trainer(cfg, job_pb2.PRETRAIN, run_dir, env, ds.path, vocab, log=quiet)
 
 
 class HandLoop:
@@ -103,10 +104,11 @@ def cpu_bench(cfg, ds, warmup: int, steps: int) -> list[str]:
     interleaved one by one, in rotating order: a machine whose load changes from minute to
     minute slows all three alike, so their ratios hold even when absolute speeds do not."""
     env = DistEnv(0, 1, 0, torch.device("cpu"))
-    times = {"hand": [], 10: [], 1: []}
-    reporting = {}
+    Side = str | int  # "hand", or a Trainer's log_every
+    times: dict[Side, list[float]] = {"hand": [], 10: [], 1: []}
+    reporting: dict[Side, Clock] = {}
     with tempfile.TemporaryDirectory() as run_dir:
-        sides = {"hand": HandLoop(cfg, ds, env).advance}
+        sides: dict[Side, Callable[[], object]] = {"hand": HandLoop(cfg, ds, env).advance}
         for every in (10, 1):
             run = copy(cfg)
             run.train.steps, run.train.log_every = 10**9, every
@@ -138,11 +140,12 @@ def cpu_bench(cfg, ds, warmup: int, steps: int) -> list[str]:
         "| metrics reporting, % of step time (goal < 1%) |",
         "|---|---|---|---|---|---|",
     ]
-    for side, label in (
+    labels: tuple[tuple[Side, str], ...] = (
         ("hand", "hand-written loop"),
         (10, "Trainer, log every 10"),
         (1, "Trainer, log every step"),
-    ):
+    )
+    for side, label in labels:
         median, mean = statistics.median(times[side]), statistics.fmean(times[side])
         share = (
             f"{100 * reporting[side].seconds / sum(times[side]):.3f}%" if side != "hand" else "-"
@@ -191,7 +194,7 @@ def gpu_row(cfg, ds, env, warmup: int) -> str:
     step; the median over the steps after the warm-up (which includes compilation)."""
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = new_trainer(cfg, ds, env, run_dir)
-        records = []
+        records: list = []
         trainer.metrics.sinks.append(records.append)
         while trainer.step < cfg.train.steps:
             trainer.advance()

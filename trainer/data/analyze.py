@@ -21,8 +21,10 @@ import os
 import numpy as np
 
 from protos.enums import enum_name
+from protos.trainer_config_pb2 import DataConfig
 from trainer.data import files, packing
 from trainer.data.corpus import plan_corpus
+from trainer.data.progress import Say
 from trainer.data.tokenized import tokenize_corpus
 
 MEANING = (
@@ -175,7 +177,14 @@ def plot_lengths(lengths: np.ndarray, seq_lens, path: str, title: str) -> None:
     files.write_atomic(path, buf.getvalue())
 
 
-def analyze(cfg, cache_dir: str, seq_lens, plot_path: str | None, show_progress: bool, say):
+def analyze(
+    cfg: DataConfig,
+    cache_dir: str,
+    seq_lens: list[int],
+    plot_path: str | None,
+    show_progress: bool,
+    say: Say,
+) -> dict:
     """The report `precook analyze` prints, for a resolved DataConfig."""
     from trainer.data.cache import Cache
 
@@ -184,16 +193,17 @@ def analyze(cfg, cache_dir: str, seq_lens, plot_path: str | None, show_progress:
     if hit:
         say(f"tokenized corpus found in the cache: {path}")
     lengths = np.diff(np.load(os.path.join(path, "doc_offsets.npy")))
-    tok = found["tokenizer"]
-    tok_name = f"{tok['kind']} tokenizer, {tok['vocab_size']:,} ids, <bos> text <eos>"
+    tok = found.tokenizer
+    tok_name = f"{tok.kind} tokenizer, {tok.vocab_size:,} ids, <bos> text <eos>"
+    results = analyze_lengths(lengths, seq_lens)
     report = {
         "corpus": {"description": plan.description, **corpus_summary(lengths)},
         "tokenizer": tok_name,
-        "results": analyze_lengths(lengths, seq_lens),
+        "results": results,
         "meaning": MEANING,
         "plot": None,
+        "takeaway": takeaway(results),
     }
-    report["takeaway"] = takeaway(report["results"])
     if plot_path:
         plot_lengths(lengths, seq_lens, plot_path, f"Document lengths: {plan.description}")
         report["plot"] = os.path.abspath(plot_path)

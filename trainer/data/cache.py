@@ -15,8 +15,10 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 
 from trainer.data import files, manifest
+from trainer.data.manifest import M
 
 
 def key_of(parts: dict) -> str:
@@ -27,18 +29,18 @@ class Cache:
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
 
-    def entry(self, kind: str, name: str) -> str:
-        """Where entry `name` of `kind` ("tokenized" or "datasets") lives."""
-        return os.path.join(self.root, kind, name)
+    def entry(self, kind: type[manifest.Manifest], name: str) -> str:
+        """Where entry `name` of `kind` (a tokenized corpus or a dataset) lives."""
+        return os.path.join(self.root, kind.CACHE_DIR, name)
 
-    def lookup(self, kind: str, name: str, key: str) -> dict | None:
+    def lookup(self, kind: type[M], name: str, key: str) -> M | None:
         """The manifest of an intact entry for `key`, else None."""
         path = self.entry(kind, name)
         try:
-            found = manifest.read_manifest(path)
+            found = manifest.read_manifest(path, kind)
         except ValueError:
             return None
-        if found.get("key") != key or manifest.problem(path, found):
+        if found.key != key or manifest.problem(path, found):
             return None
         return found
 
@@ -53,7 +55,14 @@ class Cache:
                 fcntl.flock(lock, fcntl.LOCK_EX)
             yield
 
-    def get_or_build(self, kind: str, name: str, key: str, build, say=print):
+    def get_or_build(
+        self,
+        kind: type[M],
+        name: str,
+        key: str,
+        build: Callable[[str], M],
+        say: Callable[[str], None] = print,
+    ) -> tuple[str, M, bool]:
         """(path, manifest, hit): the entry for `key`, built by `build(tmp_dir) -> manifest`
         into a temporary directory and published atomically if it is not there yet."""
         path = self.entry(kind, name)

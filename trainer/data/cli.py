@@ -18,8 +18,9 @@ from protos.paths import PATH_FIELDS, precook_cache_dir, user_path
 from protos.validation import resolve_data
 from trainer.data import analyze as analyze_mod
 from trainer.data.errors import PrecookError
+from trainer.data.manifest import as_json
 from trainer.data.packing import STRATEGIES
-from trainer.data.precook import precook_dataset, reporter
+from trainer.data.precook import PrecookedDataset, precook_dataset, reporter
 from trainer.data.shards import SPLITS
 
 FORMATS = ("text_files", "jsonl", "jsonl_chat")
@@ -91,20 +92,20 @@ def _seq_lens(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def _summary(ds) -> str:
+def _summary(ds: PrecookedDataset) -> str:
     m = ds.manifest
     lines = [f"{'cache hit' if ds.cache_hit else 'precooked'}: {ds.path}"]
-    width = "<= " if m["packing"] == "bucket" else ""
+    width = "<= " if m.packing == "bucket" else ""
     for name in SPLITS:
-        s = m["splits"][name]
-        fill = 100 * s["target_tokens"] / max(s["slots"], 1)
+        s = m.splits[name]
+        fill = 100 * s.target_tokens / max(s.slots, 1)
         lines.append(
-            f"  {name:<5} {s['documents']:>8,} documents  {s['tokens']:>12,} tokens  "
-            f"{s['rows']:>8,} rows of {width}{m['seq_len']} ({m['packing']})  {fill:6.2f}% of "
-            f"slots trained on  {s['truncated_tokens']:,} tokens truncated"
+            f"  {name:<5} {s.documents:>8,} documents  {s.tokens:>12,} tokens  "
+            f"{s.rows:>8,} rows of {width}{m.seq_len} ({m.packing})  {fill:6.2f}% of "
+            f"slots trained on  {s.truncated_tokens:,} tokens truncated"
         )
-    t = m["tokenizer"]
-    lines.append(f"  tokenizer: {t['kind']}, {t['vocab_size']:,} ids, shards {m['token_dtype']}")
+    t = m.tokenizer
+    lines.append(f"  tokenizer: {t.kind}, {t.vocab_size:,} ids, shards {m.token_dtype}")
     return "\n".join(lines)
 
 
@@ -117,7 +118,8 @@ def main(argv=None) -> int:
         if args.command == "build":
             ds = precook_dataset(cfg, cache_dir, show_progress=not args.json)
             if args.json:
-                out = {"path": ds.path, "cache_hit": ds.cache_hit, "manifest": ds.manifest}
+                manifest_json = as_json(ds.manifest)
+                out = {"path": ds.path, "cache_hit": ds.cache_hit, "manifest": manifest_json}
                 print(json.dumps(out, indent=1))
             else:
                 print(_summary(ds))

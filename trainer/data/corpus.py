@@ -14,6 +14,7 @@ import os
 import sysconfig
 from dataclasses import dataclass, field
 
+from protos.trainer_config_pb2 import DataConfig
 from trainer.data.errors import CorpusError, DataConfigError
 
 UNIT_BYTES = 1 << 20  # about 0.3 s of tokenizing per unit: fine-grained progress, little IPC
@@ -179,7 +180,7 @@ def _plan_jsonl(plan: CorpusPlan, paths: list, max_records: int) -> None:
         plan.files.append(InputFile(path, rel, size, digest.hexdigest()))
 
 
-def plan_corpus(cfg, fmt: str) -> CorpusPlan:
+def plan_corpus(cfg: DataConfig, fmt: str) -> CorpusPlan:
     """List, hash and cut the corpus of a defaulted DataConfig into work units."""
     description, root, paths, is_stdlib = resolve_input(cfg.input, fmt)
     plan = CorpusPlan(description, root, fmt, skip_invalid_utf8=is_stdlib)
@@ -214,7 +215,7 @@ def _field(obj: dict, name: str, where: str, flag: str) -> str:
     return value
 
 
-def read_unit(unit: WorkUnit, cfg, fmt: str, skip_invalid_utf8: bool = False):
+def read_unit(unit: WorkUnit, cfg: DataConfig, fmt: str, skip_invalid_utf8: bool = False):
     """Yield the Records of one work unit, in order."""
     if fmt == "TEXT_FILES":
         for i, path in enumerate(unit.paths):
@@ -259,6 +260,6 @@ def read_unit(unit: WorkUnit, cfg, fmt: str, skip_invalid_utf8: bool = False):
         index += 1
 
 
-def input_hashes(plan: CorpusPlan) -> list:
-    """[[relpath, size, sha256], ...]: the inputs as the manifest and the cache key see them."""
-    return [[f.relpath, f.size, f.sha256] for f in plan.files]
+def input_hashes(plan: CorpusPlan) -> list[tuple[str, int, str]]:
+    """[(relpath, size, sha256), ...]: the inputs as the manifest and the cache key see them."""
+    return [(f.relpath, f.size, f.sha256) for f in plan.files]

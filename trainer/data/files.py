@@ -9,8 +9,17 @@ import hashlib
 import io
 import json
 import os
+from dataclasses import dataclass
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """A written file as a manifest or a checkpoint's meta.json records it."""
+
+    bytes: int
+    sha256: str
 
 
 def fsync_dir(path: str) -> None:
@@ -26,16 +35,16 @@ def sha256_file(path: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def write_bytes(path: str, data) -> dict:
-    """Write `data` (bytes-like) durably; return {"bytes", "sha256"}."""
+def write_bytes(path: str, data) -> FileDigest:
+    """Write `data` (bytes-like) durably; return its size and sha256."""
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    return {"bytes": len(memoryview(data).cast("B")), "sha256": hashlib.sha256(data).hexdigest()}
+    return FileDigest(len(memoryview(data).cast("B")), hashlib.sha256(data).hexdigest())
 
 
-def write_npy(path: str, array: np.ndarray) -> dict:
+def write_npy(path: str, array: np.ndarray) -> FileDigest:
     buf = io.BytesIO()
     np.save(buf, array, allow_pickle=False)
     return write_bytes(path, buf.getbuffer())

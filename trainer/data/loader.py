@@ -15,7 +15,7 @@ have produced.
 import numpy as np
 import torch
 
-from trainer.data.manifest import read_manifest
+from trainer.data.manifest import DatasetManifest, read_manifest
 from trainer.data.shards import SplitReader
 
 IGNORE = -100  # label of positions with no target, as torch's cross-entropy expects
@@ -35,17 +35,17 @@ class PackedRowLoader:
             raise ValueError(f"batch_size {batch_size} must be at least 1")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size {world_size})")
-        self.manifest = read_manifest(dataset_path)
+        self.manifest = read_manifest(dataset_path, DatasetManifest)
         self.rows = SplitReader(dataset_path, self.manifest, split)
         if len(self.rows) == 0:
             raise ValueError(
                 f"{dataset_path}: split {split!r} has no rows "
-                f"(eval_fraction {self.manifest['config']['eval_fraction']})"
+                f"(eval_fraction {self.manifest.config.eval_fraction})"
             )
         self.split, self.batch_size, self.seed = split, batch_size, seed
         self.rank, self.world_size = rank, world_size
-        self.seq_len = self.manifest["seq_len"]
-        self.pad_id = self.manifest["tokenizer"]["pad_id"]
+        self.seq_len = self.manifest.seq_len
+        self.pad_id = self.manifest.tokenizer.pad_id
         self.epoch, self._batch = 0, 0
         self._order = self._epoch_order(0)
 
@@ -111,7 +111,7 @@ class PackedRowLoader:
 
     def state_dict(self) -> dict:
         return {
-            "dataset": self.manifest["key"],
+            "dataset": self.manifest.key,
             "split": self.split,
             "seed": self.seed,
             "batch_size": self.batch_size,

@@ -112,7 +112,7 @@ def test_rank_sharding_without_filler_has_no_overlap(datasets):
 
 def test_bucket_batches_are_one_bucket_wide(datasets):
     loader = PackedRowLoader(datasets["BUCKET"], "train", batch_size=4, seed=0)
-    buckets = loader.manifest["bucket_lengths"]
+    buckets = loader.manifest.bucket_lengths
     assert buckets == [48, 96]
     widths = set()
     for batch in take(loader, len(loader)):

@@ -178,7 +178,7 @@ def best_fit_decreasing(sizes: np.ndarray, capacity: int) -> tuple[np.ndarray, i
     """
     order = np.argsort(-sizes, kind="stable")
     rooms = _CapacityIndex(capacity)
-    bins_with_room = [[] for _ in range(capacity + 1)]
+    bins_with_room: list[list[int]] = [[] for _ in range(capacity + 1)]
     bin_of = np.empty(len(sizes), dtype=np.int64)
     n_bins = 0
     for i, size in zip(order.tolist(), sizes[order].tolist(), strict=True):

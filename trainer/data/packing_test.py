@@ -10,7 +10,7 @@ def random_lengths(n, seed, high=300):
 
 
 def pieces_by_doc(plan):
-    out = {}
+    out: dict[int, list[tuple[int, int]]] = {}
     for d, s, n in zip(
         plan.seg_doc.tolist(), plan.seg_start.tolist(), plan.seg_len.tolist(), strict=True
     ):
@@ -65,7 +65,8 @@ def test_concat_cuts_fixed_rows_and_splits_documents_at_row_ends():
 
 def brute_force_best_fit(sizes, capacity):
     order = sorted(range(len(sizes)), key=lambda i: -sizes[i])
-    room, bin_of = [], [0] * len(sizes)
+    room: list[int] = []
+    bin_of = [0] * len(sizes)
     for i in order:
         fits = [b for b in range(len(room)) if room[b] >= sizes[i]]
         if fits:

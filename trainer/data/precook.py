@@ -14,24 +14,33 @@ from dataclasses import dataclass
 import numpy as np
 
 from protos.enums import enum_name
+from protos.trainer_config_pb2 import DataConfig
 from protos.validation import resolve_data
 from trainer.data import cache as cache_mod
 from trainer.data import manifest, packing, shards, tokenized
 from trainer.data.corpus import plan_corpus
 from trainer.data.errors import DataConfigError
-from trainer.data.progress import human
+from trainer.data.files import FileDigest
+from trainer.data.manifest import (
+    Counts,
+    DatasetManifest,
+    PrecookSettings,
+    SplitStats,
+    TokenizedManifest,
+)
+from trainer.data.progress import Say, human
 from trainer.data.tokenizer import Tokenizer, from_section
 
 
 @dataclass(frozen=True)
 class PrecookedDataset:
     path: str  # the dataset directory: manifest.json, tokenizer, train/ and eval/
-    manifest: dict
+    manifest: DatasetManifest
     cache_hit: bool
     tokenizer: Tokenizer
 
 
-def reporter(enabled: bool):
+def reporter(enabled: bool) -> Say:
     """A `say(message)` for stage messages on stderr (silent when not enabled)."""
 
     def say(message: str) -> None:
@@ -41,7 +50,7 @@ def reporter(enabled: bool):
     return say
 
 
-def dataset_key(cfg, tokenized_key: str) -> str:
+def dataset_key(cfg: DataConfig, tokenized_key: str) -> str:
     return cache_mod.key_of(
         {
             "stage": "dataset",
@@ -62,18 +71,21 @@ def _loss_targets(plan, source: np.ndarray, mask: np.ndarray) -> int:
     )
 
 
-def _build_dataset(tmp: str, cfg, key: str, tok_path: str, tok_manifest: dict, say) -> dict:
+def _build_dataset(
+    tmp: str, cfg: DataConfig, key: str, tok_path: str, tok_manifest: TokenizedManifest, say: Say
+) -> DatasetManifest:
     strategy = enum_name(cfg, "packing").lower()
-    dtype = np.dtype(tok_manifest["token_dtype"])
+    dtype = np.dtype(tok_manifest.token_dtype)
     doc_tokens = np.memmap(os.path.join(tok_path, "tokens.bin"), dtype=dtype, mode="r")
     offsets = np.load(os.path.join(tok_path, "doc_offsets.npy"))
     doc_split = np.load(os.path.join(tok_path, "doc_split.npy"))
-    chat = tok_manifest["loss_mask"]
+    chat = tok_manifest.loss_mask
     mask = None
     if chat:
         mask = np.memmap(os.path.join(tok_path, "loss_mask.bin"), dtype=np.uint8, mode="r")
     lengths = np.diff(offsets)
-    written, splits = {}, {}
+    written: dict[str, FileDigest] = {}
+    splits: dict[str, SplitStats] = {}
     for split_id, split in enumerate(shards.SPLITS):
         docs = np.flatnonzero(doc_split == split_id)
         start = time.perf_counter()
@@ -85,17 +97,17 @@ def _build_dataset(tmp: str, cfg, key: str, tok_path: str, tok_manifest: dict, s
             )
         )
         source = offsets[docs[plan.seg_doc]] + plan.seg_start
-        splits[split] = {
-            "documents": len(docs),
-            "tokens": plan.input_tokens,
-            "rows": plan.rows,
-            "segments": len(plan.seg_len),
-            "slots": plan.slots,
-            "padding_tokens": plan.padding_tokens,
-            "truncated_tokens": plan.truncated_tokens,
-            "target_tokens": _loss_targets(plan, source, mask) if chat else plan.target_tokens,
-            "shards": len([f for f in written if f.startswith(f"{split}/tokens-")]),
-        }
+        splits[split] = SplitStats(
+            documents=len(docs),
+            tokens=plan.input_tokens,
+            rows=plan.rows,
+            segments=len(plan.seg_len),
+            slots=plan.slots,
+            padding_tokens=plan.padding_tokens,
+            truncated_tokens=plan.truncated_tokens,
+            target_tokens=_loss_targets(plan, source, mask) if chat else plan.target_tokens,
+            shards=len([f for f in written if f.startswith(f"{split}/tokens-")]),
+        )
         fill = 100 * plan.kept_tokens / max(plan.slots, 1)
         width = "<= " if strategy == "bucket" else ""
         say(
@@ -103,46 +115,51 @@ def _build_dataset(tmp: str, cfg, key: str, tok_path: str, tok_manifest: dict, s
             f"({strategy}, packed in {pack_s:.2f} s): {fill:.2f}% of slots hold tokens, "
             f"{plan.truncated_tokens:,} tokens truncated"
         )
-    section = tok_manifest["tokenizer"]
+    section = tok_manifest.tokenizer
     # the tokenizer, and which record (file or JSONL line) each document id came from
-    for name in (section["file"], "doc_record.npy"):
+    for name in (section.file, "doc_record.npy"):
         shutil.copyfile(os.path.join(tok_path, name), os.path.join(tmp, name))
-        written[name] = tok_manifest["files"][name]
-    total = lambda field: sum(s[field] for s in splits.values())
-    body = {
-        "kind": "dataset",
-        "key": key,
-        "tokenized_key": tok_manifest["key"],
-        "config": {
-            "format": tok_manifest["inputs"]["format"],
-            "tokenizer": enum_name(cfg, "tokenizer"),
-            "vocab_size_requested": cfg.vocab_size if section["kind"] == "bpe" else None,
-            "eval_fraction": round(cfg.eval_fraction, 6),
-            "max_documents": cfg.max_documents,
-            "shard_tokens": cfg.shard_tokens,
-            "fields": tokenized.FIELDS[tok_manifest["inputs"]["format"]](cfg),
-        },
-        "inputs": tok_manifest["inputs"],
-        "tokenizer": section,
-        "vocab_size": section["vocab_size"],
-        "token_dtype": tok_manifest["token_dtype"],
-        "loss_mask": chat,
-        "seq_len": cfg.seq_len,
-        "packing": strategy,
-        "bucket_lengths": packing.bucket_lengths(cfg.seq_len) if strategy == "bucket" else None,
-        "documents": tok_manifest["documents"],
-        "splits": splits,
-        "counts": {
-            f: total(f)
-            for f in ("documents", "tokens", "rows", "padding_tokens", "truncated_tokens")
-        },
-        "files": written,
-    }
+        written[name] = tok_manifest.files[name]
+    fmt = tok_manifest.inputs.format
+    parts = splits.values()
+    body = DatasetManifest(
+        key=key,
+        tokenized_key=tok_manifest.key,
+        config=PrecookSettings(
+            format=fmt,
+            tokenizer=enum_name(cfg, "tokenizer"),
+            vocab_size_requested=cfg.vocab_size if section.kind == "bpe" else None,
+            eval_fraction=round(cfg.eval_fraction, 6),
+            max_documents=cfg.max_documents,
+            shard_tokens=cfg.shard_tokens,
+            fields=tokenized.FIELDS[fmt](cfg),
+        ),
+        inputs=tok_manifest.inputs,
+        tokenizer=section,
+        vocab_size=section.vocab_size,
+        token_dtype=tok_manifest.token_dtype,
+        loss_mask=chat,
+        seq_len=cfg.seq_len,
+        packing=strategy,
+        bucket_lengths=packing.bucket_lengths(cfg.seq_len) if strategy == "bucket" else None,
+        documents=tok_manifest.documents,
+        splits=splits,
+        counts=Counts(
+            documents=sum(s.documents for s in parts),
+            tokens=sum(s.tokens for s in parts),
+            rows=sum(s.rows for s in parts),
+            padding_tokens=sum(s.padding_tokens for s in parts),
+            truncated_tokens=sum(s.truncated_tokens for s in parts),
+        ),
+        files=written,
+    )
     manifest.write_manifest(tmp, body)
-    return manifest.read_manifest(tmp)
+    return manifest.read_manifest(tmp, DatasetManifest)  # as a cache hit would read it
 
 
-def precook_dataset(cfg, cache_dir: str, *, show_progress: bool = True) -> PrecookedDataset:
+def precook_dataset(
+    cfg: DataConfig, cache_dir: str, *, show_progress: bool = True
+) -> PrecookedDataset:
     """Precook `cfg` (a kitchen.v1.DataConfig; unset fields take their defaults) under
     `cache_dir` (or else `cfg.cache_dir`), or find it there already precooked. Raises
     ConfigError for a config that cannot work, PrecookError for input that cannot be
@@ -161,7 +178,7 @@ def precook_dataset(cfg, cache_dir: str, *, show_progress: bool = True) -> Preco
     hashed_s = time.perf_counter() - start
     name = f"{enum_name(cfg, 'packing').lower()}-{cfg.seq_len}-{key[:16]}"
 
-    def build(tmp: str) -> dict:
+    def build(tmp: str) -> DatasetManifest:
         say(
             f"cache miss: precooking {plan.records:,} records ({human(plan.bytes, 'B')}) "
             f"of {plan.description}"
@@ -173,7 +190,7 @@ def precook_dataset(cfg, cache_dir: str, *, show_progress: bool = True) -> Preco
             say(f"tokenized corpus found in the cache ({tok_path}): packing only")
         return _build_dataset(tmp, cfg, key, tok_path, tok_manifest, say)
 
-    path, found, hit = cache.get_or_build("datasets", name, key, build, say)
+    path, found, hit = cache.get_or_build(DatasetManifest, name, key, build, say)
     if hit:
         say(
             f"cache hit: {path} (inputs and parameters unchanged; hashed "
@@ -181,4 +198,4 @@ def precook_dataset(cfg, cache_dir: str, *, show_progress: bool = True) -> Preco
         )
     else:
         say(f"done in {time.perf_counter() - start:.1f} s: {path}")
-    return PrecookedDataset(path, found, hit, from_section(found["tokenizer"], path))
+    return PrecookedDataset(path, found, hit, from_section(found.tokenizer, path))

@@ -25,7 +25,7 @@ def expected_documents(ds, texts):
 
 def pieces(ds):
     """{document id: [(offset in document, tokens)]} read back from every split's shards."""
-    out = {}
+    out: dict[int, list[tuple[int, list[int]]]] = {}
     for split in shards.SPLITS:
         reader = shards.SplitReader(ds.path, ds.manifest, split)
         for r in range(len(reader)):
@@ -50,9 +50,9 @@ def test_every_input_token_exactly_once(corpus, tmp_path, packing):
     for doc, parts in got.items():
         rebuilt = [t for _, part in sorted(parts) for t in part]
         assert rebuilt == want[doc], f"document {doc}"
-    counts = ds.manifest["counts"]
-    assert counts["tokens"] == sum(map(len, want)) and counts["truncated_tokens"] == 0
-    assert counts["documents"] == 40 and ds.manifest["documents"]["eval"] == 4
+    counts = ds.manifest.counts
+    assert counts.tokens == sum(map(len, want)) and counts.truncated_tokens == 0
+    assert counts.documents == 40 and ds.manifest.documents.eval == 4
 
 
 @pytest.mark.parametrize("packing", ["PAD", "BUCKET"])
@@ -67,10 +67,10 @@ def test_truncated_tokens_counted_exactly(corpus, tmp_path, packing):
         assert parts == [(0, want[doc][:64])]  # one row per document: its first 64 tokens
     truncated = sum(max(0, len(w) - 64) for w in want)
     assert truncated > 0
-    assert ds.manifest["counts"]["truncated_tokens"] == truncated
-    slots = sum(s["slots"] for s in ds.manifest["splits"].values())
+    assert ds.manifest.counts.truncated_tokens == truncated
+    slots = sum(s.slots for s in ds.manifest.splits.values())
     kept = sum(min(64, len(w)) for w in want)
-    assert ds.manifest["counts"]["padding_tokens"] == slots - kept
+    assert ds.manifest.counts.padding_tokens == slots - kept
 
 
 def test_document_boundaries_in_the_loader(corpus, tmp_path):
@@ -189,7 +189,7 @@ def test_chat_loss_mask_marks_response_tokens(tmp_path):
         input=str(tmp_path / "chat.jsonl"), format="JSONL_CHAT", packing="PAD", seq_len=4096
     )
     ds = precook_dataset(cfg, str(tmp_path / "cache"), show_progress=False)
-    assert ds.manifest["loss_mask"] and ds.manifest["counts"]["truncated_tokens"] == 0
+    assert ds.manifest.loss_mask and ds.manifest.counts.truncated_tokens == 0
     records = np.load(os.path.join(ds.path, "doc_record.npy"))
     tok = ds.tokenizer
     loader = PackedRowLoader(ds.path, "train", batch_size=1)
@@ -203,8 +203,8 @@ def test_chat_loss_mask_marks_response_tokens(tmp_path):
         assert targets == tok.encode(row["response"]) + [tok.eos_id]
         prompt_len = 1 + len(tok.encode(row["prompt"]))
         assert batch["input_ids"][0, 1:prompt_len].tolist() == tok.encode(row["prompt"])
-    train = ds.manifest["splits"]["train"]
-    assert train["target_tokens"] == sum(
+    train = ds.manifest.splits["train"]
+    assert train.target_tokens == sum(
         len(tok.encode(rows[int(records[d])]["response"])) + 1
         for d in reader.segments[:, 1].tolist()
     )
@@ -214,7 +214,7 @@ def test_cl100k_dataset_is_uint32(corpus, tmp_path):
     root, texts = corpus
     cfg = testdata.data_config(input=root, tokenizer="CL100K", max_documents=5)
     ds = precook_dataset(cfg, str(tmp_path), show_progress=False)
-    assert ds.manifest["token_dtype"] == "uint32" and ds.tokenizer.vocab_size == 100277
+    assert ds.manifest.token_dtype == "uint32" and ds.tokenizer.vocab_size == 100277
     reader = shards.SplitReader(ds.path, ds.manifest, "train")
     assert reader.row(0)[0].dtype == np.uint32
 

@@ -3,6 +3,9 @@ terminal, a plain line every few seconds in a log file."""
 
 import sys
 import time
+from collections.abc import Callable
+
+Say = Callable[[str], None]  # where a stage's one-line messages go (precook.reporter)
 
 
 def human(n: float, unit: str = "") -> str:

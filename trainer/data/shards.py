@@ -15,6 +15,8 @@ import os
 import numpy as np
 
 from trainer.data import files
+from trainer.data.files import FileDigest
+from trainer.data.manifest import DatasetManifest
 from trainer.data.packing import PackPlan
 
 SPLITS = ("train", "eval")
@@ -41,14 +43,14 @@ def write_split(
     doc_offsets: np.ndarray,
     shard_tokens: int,
     loss_mask: np.ndarray | None = None,
-) -> dict:
+) -> dict[str, FileDigest]:
     """Write `plan` (over `documents`, indices into the tokenized corpus) under directory/split.
 
     `doc_tokens` is every document's tokens end to end, `doc_offsets` where each starts.
-    Returns {relative path: {"bytes", "sha256"}} for the manifest.
+    Returns {relative path: its digest} for the manifest.
     """
     os.makedirs(os.path.join(directory, split), exist_ok=True)
-    written = {}
+    written: dict[str, FileDigest] = {}
 
     def put(name: str, write, data) -> None:
         rel = f"{split}/{name}"
@@ -71,7 +73,7 @@ def write_split(
             for s in range(plan.row_ptr[r], plan.row_ptr[r + 1]):
                 n, src = int(plan.seg_len[s]), int(source[s])
                 tokens[at : at + n] = doc_tokens[src : src + n]
-                if mask is not None:
+                if mask is not None and loss_mask is not None:
                     mask[at : at + n] = loss_mask[src : src + n]
                 at += n
         put(f"tokens-{shard:05d}.bin", files.write_bytes, tokens)
@@ -93,35 +95,36 @@ class SplitReader:
     """Rows of one split of a precooked dataset; shards are memory-mapped on first use (so a
     reader made before a fork opens its own maps in each process)."""
 
-    def __init__(self, dataset_path: str, manifest: dict, split: str):
-        if split not in manifest["splits"]:
-            raise ValueError(f"{dataset_path}: no split {split!r} (has {list(manifest['splits'])})")
+    def __init__(self, dataset_path: str, manifest: DatasetManifest, split: str):
+        if split not in manifest.splits:
+            raise ValueError(f"{dataset_path}: no split {split!r} (has {list(manifest.splits)})")
         self.path, self.split = dataset_path, split
-        self.dtype = np.dtype(manifest["token_dtype"])
-        self.has_loss_mask = manifest["loss_mask"]
+        self.dtype = np.dtype(manifest.token_dtype)
+        self.has_loss_mask = manifest.loss_mask
         base = os.path.join(dataset_path, split)
         self.rows = np.load(os.path.join(base, "rows.npy"))
         self.segments = np.load(os.path.join(base, "segments.npy"))
         self.row_segments = np.load(os.path.join(base, "row_segments.npy"))
         self.n_shards = int(self.rows[:, 0].max()) + 1 if len(self.rows) else 0
-        self._tokens = self._masks = None
+        self._tokens: list[np.ndarray] | None = None  # memory maps, opened on first use
+        self._masks: list[np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.rows)
 
-    def _open(self) -> None:
+    def _open(self) -> list[np.ndarray]:
         base = os.path.join(self.path, self.split)
         shard = lambda name, dt: np.memmap(os.path.join(base, name), dtype=dt, mode="r")
         self._tokens = [shard(f"tokens-{i:05d}.bin", self.dtype) for i in range(self.n_shards)]
         if self.has_loss_mask:
             self._masks = [shard(f"loss_mask-{i:05d}.bin", np.uint8) for i in range(self.n_shards)]
+        return self._tokens
 
     def row(self, r: int):
         """(tokens, document starts in the row, loss mask or None, capacity) of row r."""
-        if self._tokens is None:
-            self._open()
+        token_shards = self._tokens if self._tokens is not None else self._open()
         shard, offset, n, capacity = (int(v) for v in self.rows[r])
         starts = self.segments[self.row_segments[r] : self.row_segments[r + 1], 0]
-        tokens = self._tokens[shard][offset : offset + n]
+        tokens = token_shards[shard][offset : offset + n]
         mask = None if self._masks is None else self._masks[shard][offset : offset + n]
         return tokens, starts, mask, capacity

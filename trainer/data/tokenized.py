@@ -19,19 +19,30 @@ import multiprocessing
 import os
 import time
 from array import array
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 
 from protos.defaults import SPECIAL_TOKENS
 from protos.enums import enum_name
+from protos.trainer_config_pb2 import DataConfig
 from trainer.data import cache as cache_mod
 from trainer.data import files, manifest, tokenizer
 from trainer.data.corpus import CorpusPlan, input_hashes, read_unit
 from trainer.data.errors import CorpusError, DataConfigError
-from trainer.data.progress import Progress
+from trainer.data.files import FileDigest
+from trainer.data.manifest import (
+    DocumentCounts,
+    Inputs,
+    TokenCounts,
+    TokenizedManifest,
+    TokenizerSection,
+)
+from trainer.data.progress import Progress, Say
 
-_worker = {}  # per-process state of a tokenizing worker
-FIELDS = {  # the JSON fields each format reads: part of the cache key
+_worker: dict[str, Any] = {}  # per-process state of a tokenizing worker
+FIELDS: dict[str, Callable[[DataConfig], dict[str, str]]] = {  # part of the cache key
     "TEXT_FILES": lambda cfg: {},
     "JSONL": lambda cfg: {"text": cfg.text_field},
     "JSONL_CHAT": lambda cfg: {"prompt": cfg.prompt_field, "response": cfg.response_field},
@@ -51,7 +62,7 @@ def is_eval(record: np.ndarray, records: int, n_eval: int) -> np.ndarray:
     return (record + 1) * n_eval // records > record * n_eval // records
 
 
-def tokenizer_identity(cfg) -> dict:
+def tokenizer_identity(cfg: DataConfig) -> dict[str, Any]:
     """What decides the tokenizer, for the cache key."""
     import tokenizers
 
@@ -70,7 +81,9 @@ def tokenizer_identity(cfg) -> dict:
         raise DataConfigError("tokenizer_path", f"{path}: cannot read: {err.strerror}") from None
 
 
-def _load_worker(section: dict, directory: str, cfg, fmt: str, skip_invalid_utf8: bool) -> None:
+def _load_worker(
+    section: TokenizerSection, directory: str, cfg: DataConfig, fmt: str, skip_invalid_utf8: bool
+) -> None:
     _worker.update(
         tok=tokenizer.from_section(section, directory), cfg=cfg, fmt=fmt, skip=skip_invalid_utf8
     )
@@ -137,7 +150,7 @@ def _results(plan: CorpusPlan, workers: int, init_args: tuple):
     with concurrent.futures.ProcessPoolExecutor(
         workers, mp_context=ctx, initializer=_init_worker_process, initargs=init_args
     ) as pool:
-        pending = collections.deque()
+        pending: collections.deque[concurrent.futures.Future] = collections.deque()
         units = iter(plan.units)
         try:
             for unit in itertools.islice(units, 2 * workers):
@@ -152,7 +165,7 @@ def _results(plan: CorpusPlan, workers: int, init_args: tuple):
                 future.cancel()
 
 
-def _train_texts(plan: CorpusPlan, cfg, fmt: str, n_eval: int):
+def _train_texts(plan: CorpusPlan, cfg: DataConfig, fmt: str, n_eval: int) -> Iterator[str]:
     for unit in plan.units:
         for r in read_unit(unit, cfg, fmt, plan.skip_invalid_utf8):
             if is_eval(r.index, plan.records, n_eval):
@@ -164,7 +177,9 @@ def _train_texts(plan: CorpusPlan, cfg, fmt: str, n_eval: int):
                 yield r.text
 
 
-def _make_tokenizer(cfg, plan: CorpusPlan, fmt: str, n_eval: int, say) -> tokenizer.Tokenizer:
+def _make_tokenizer(
+    cfg: DataConfig, plan: CorpusPlan, fmt: str, n_eval: int, say: Say
+) -> tokenizer.Tokenizer:
     kind = enum_name(cfg, "tokenizer")
     if kind == "BPE_FILE":
         return tokenizer.from_tokenizer_json(cfg.tokenizer_path)
@@ -182,7 +197,9 @@ def _make_tokenizer(cfg, plan: CorpusPlan, fmt: str, n_eval: int, say) -> tokeni
     return tok
 
 
-def _build(tmp: str, cfg, plan: CorpusPlan, key: str, show_progress: bool, say) -> dict:
+def _build(
+    tmp: str, cfg: DataConfig, plan: CorpusPlan, key: str, show_progress: bool, say: Say
+) -> TokenizedManifest:
     fmt = plan.fmt
     n_eval = eval_count(plan.records, cfg.eval_fraction)
     tok = _make_tokenizer(cfg, plan, fmt, n_eval, say)
@@ -217,48 +234,49 @@ def _build(tmp: str, cfg, plan: CorpusPlan, key: str, show_progress: bool, say) 
     split = is_eval(record, plan.records, n_eval).astype(np.uint8)
     offsets_np = np.frombuffer(offsets, dtype=np.int64)
     doc_tokens = np.diff(offsets_np)
-    listed = {"tokens.bin": {"bytes": int(offsets_np[-1]) * np.dtype(tok.token_dtype).itemsize}}
+    sizes = {"tokens.bin": int(offsets_np[-1]) * np.dtype(tok.token_dtype).itemsize}
     if chat:
-        listed["loss_mask.bin"] = {"bytes": int(offsets_np[-1])}
-    for name in listed:
-        listed[name]["sha256"] = files.sha256_file(os.path.join(tmp, name))
+        sizes["loss_mask.bin"] = int(offsets_np[-1])
+    listed = {
+        name: FileDigest(size, files.sha256_file(os.path.join(tmp, name)))
+        for name, size in sizes.items()
+    }
     index = {"doc_offsets.npy": offsets_np, "doc_split.npy": split, "doc_record.npy": record}
     for name, arr in index.items():
         listed[name] = files.write_npy(os.path.join(tmp, name), arr)
-    tok_file = os.path.join(tmp, section["file"])
-    listed[section["file"]] = {"bytes": os.path.getsize(tok_file), "sha256": section["sha256"]}
-    body = {
-        "kind": "tokenized",
-        "key": key,
-        "inputs": {
-            "description": plan.description,
-            "format": fmt,
-            "files": input_hashes(plan),
-            "bytes": plan.bytes,
-            "records": plan.records,
-        },
-        "tokenizer": section,
-        "token_dtype": tok.token_dtype,
-        "loss_mask": chat,
-        "documents": {
-            "total": len(record),
-            "train": int((split == 0).sum()),
-            "eval": int(split.sum()),
-            "skipped_not_utf8": skipped,
-            "skipped_empty": empty,
-        },
-        "tokens": {
-            "total": int(doc_tokens.sum()),
-            "train": int(doc_tokens[split == 0].sum()),
-            "eval": int(doc_tokens[split == 1].sum()),
-        },
-        "files": listed,
-    }
+    tok_file = os.path.join(tmp, section.file)
+    listed[section.file] = FileDigest(os.path.getsize(tok_file), section.sha256)
+    body = TokenizedManifest(
+        key=key,
+        inputs=Inputs(
+            description=plan.description,
+            format=fmt,
+            files=input_hashes(plan),
+            bytes=plan.bytes,
+            records=plan.records,
+        ),
+        tokenizer=section,
+        token_dtype=tok.token_dtype,
+        loss_mask=chat,
+        documents=DocumentCounts(
+            total=len(record),
+            train=int((split == 0).sum()),
+            eval=int(split.sum()),
+            skipped_not_utf8=skipped,
+            skipped_empty=empty,
+        ),
+        tokens=TokenCounts(
+            total=int(doc_tokens.sum()),
+            train=int(doc_tokens[split == 0].sum()),
+            eval=int(doc_tokens[split == 1].sum()),
+        ),
+        files=listed,
+    )
     manifest.write_manifest(tmp, body)
-    return manifest.read_manifest(tmp)
+    return manifest.read_manifest(tmp, TokenizedManifest)  # as a cache hit would read it
 
 
-def tokenized_key(cfg, plan: CorpusPlan) -> str:
+def tokenized_key(cfg: DataConfig, plan: CorpusPlan) -> str:
     """The cache key of the tokenized corpus: inputs, tokenizer, split and format."""
     parts = {
         "stage": "tokenized",
@@ -274,9 +292,11 @@ def tokenized_key(cfg, plan: CorpusPlan) -> str:
     return cache_mod.key_of(parts)
 
 
-def tokenize_corpus(cfg, plan: CorpusPlan, cache: cache_mod.Cache, show_progress: bool, say):
+def tokenize_corpus(
+    cfg: DataConfig, plan: CorpusPlan, cache: cache_mod.Cache, show_progress: bool, say: Say
+) -> tuple[str, TokenizedManifest, bool]:
     """(path, manifest, hit) of the tokenized corpus of a resolved DataConfig."""
     key = tokenized_key(cfg, plan)
     name = f"{enum_name(cfg, 'tokenizer').lower()}-{key[:16]}"
     build = lambda tmp: _build(tmp, cfg, plan, key, show_progress, say)
-    return cache.get_or_build("tokenized", name, key, build, say)
+    return cache.get_or_build(TokenizedManifest, name, key, build, say)

@@ -12,7 +12,9 @@ import os
 import shutil
 
 from protos.defaults import SPECIAL_TOKENS
+from trainer.data import manifest
 from trainer.data.errors import DataConfigError
+from trainer.data.manifest import TokenizerSection
 
 BOS_NAMES = ("<|bos|>", "<s>", "<|begin_of_text|>", "<|startoftext|>", "<bos>", "[CLS]")
 EOS_NAMES = ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[SEP]")
@@ -64,7 +66,7 @@ class Tokenizer:
             return self._backend.decode(ids, skip_special_tokens=True)
         return self._backend.decode(ids)
 
-    def save(self, directory: str) -> dict:
+    def save(self, directory: str) -> TokenizerSection:
         """Write the tokenizer file into `directory`; return the manifest's tokenizer section."""
         name = HF_FILE if self.kind == "bpe" else CL100K_FILE
         dest = os.path.join(directory, name)
@@ -75,20 +77,19 @@ class Tokenizer:
                 f.write(self._backend.to_str())
         with open(dest, "rb") as f:
             os.fsync(f.fileno())
-        section = {
-            "kind": self.kind,
-            "file": name,
-            "sha256": _sha256(dest),
-            "vocab_size": self.vocab_size,
-            "bos_id": self.bos_id,
-            "eos_id": self.eos_id,
-            "pad_id": self.pad_id,
-            "document_layout": "<bos> text <eos>",
-        }
-        if self.kind == "cl100k":
-            section["pat_str"] = self._backend._pat_str
-            section["special_tokens"] = dict(sorted(self._backend._special_tokens.items()))
-        return section
+        cl100k = self.kind == "cl100k"
+        return TokenizerSection(
+            kind=self.kind,
+            file=name,
+            sha256=_sha256(dest),
+            vocab_size=self.vocab_size,
+            bos_id=self.bos_id,
+            eos_id=self.eos_id,
+            pad_id=self.pad_id,
+            document_layout="<bos> text <eos>",
+            pat_str=self._backend._pat_str if cl100k else None,
+            special_tokens=dict(sorted(self._backend._special_tokens.items())) if cl100k else None,
+        )
 
 
 def train_bpe(texts, vocab_size: int, length: int | None = None) -> Tokenizer:
@@ -110,8 +111,15 @@ def train_bpe(texts, vocab_size: int, length: int | None = None) -> Tokenizer:
         show_progress=False,
     )
     backend.train_from_iterator(texts, trainer, length=length)
-    ids = [backend.token_to_id(t) for t in SPECIAL_TOKENS]
-    return Tokenizer("bpe", backend, "", *ids)
+    bos, eos, pad = (_special_id(backend, t) for t in SPECIAL_TOKENS)
+    return Tokenizer("bpe", backend, "", bos, eos, pad)
+
+
+def _special_id(backend, name: str) -> int:
+    token_id = backend.token_to_id(name)
+    if token_id is None:  # the trainer adds every special token: a tokenizers bug
+        raise RuntimeError(f"the trained BPE has no {name} token")
+    return token_id
 
 
 def _first_special(backend, names) -> int | None:
@@ -170,25 +178,31 @@ def cl100k() -> Tokenizer:
     return Tokenizer("cl100k", backend, path, eot, eot, eot)
 
 
-def from_section(section: dict, directory: str) -> Tokenizer:
+def from_section(section: TokenizerSection, directory: str) -> Tokenizer:
     """Rebuild the tokenizer a manifest's `tokenizer` section describes, from `directory`."""
     from tokenizers import Tokenizer as HFTokenizer
 
-    path = os.path.join(directory, section["file"])
-    if section["kind"] == "bpe":
+    path = os.path.join(directory, section.file)
+    if section.kind == "bpe":
         backend = HFTokenizer.from_file(path)
+    elif section.pat_str is None or section.special_tokens is None:
+        raise ValueError(f"{directory}: the manifest's cl100k tokenizer has no pat_str")
     else:
-        backend = _tiktoken(path, section["pat_str"], section["special_tokens"], section["sha256"])
-    ids = section["bos_id"], section["eos_id"], section["pad_id"]
-    tok = Tokenizer(section["kind"], backend, path, *ids)
-    if tok.vocab_size != section["vocab_size"]:
-        want = section["vocab_size"]
+        backend = _tiktoken(path, section.pat_str, section.special_tokens, section.sha256)
+    tok = Tokenizer(section.kind, backend, path, section.bos_id, section.eos_id, section.pad_id)
+    if tok.vocab_size != section.vocab_size:
+        want = section.vocab_size
         raise ValueError(f"{path}: {tok.vocab_size} tokens, but the manifest says {want}")
     return tok
 
 
 def load_tokenizer(dataset_path: str) -> Tokenizer:
     """The tokenizer saved beside a precooked dataset (or a tokenized corpus)."""
-    with open(os.path.join(dataset_path, "manifest.json"), encoding="utf-8") as f:
-        manifest = json.load(f)
-    return from_section(manifest["tokenizer"], dataset_path)
+    name = os.path.join(dataset_path, manifest.MANIFEST)
+    with open(name, encoding="utf-8") as f:
+        data = json.load(f)
+    try:
+        section = manifest.from_json(TokenizerSection, data.get("tokenizer"), "tokenizer")
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    return from_section(section, dataset_path)

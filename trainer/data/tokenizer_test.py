@@ -5,6 +5,7 @@ import pytest
 
 from trainer.data import testdata, tokenizer
 from trainer.data.errors import DataConfigError
+from trainer.data.manifest import to_json
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +19,7 @@ def test_training_is_deterministic(texts, tmp_path):
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
         saved.append(tokenizer.train_bpe(list(texts), 320).save(str(tmp_path / name)))
-    assert saved[0]["sha256"] == saved[1]["sha256"]
+    assert saved[0].sha256 == saved[1].sha256
     a, b = ((tmp_path / name / "tokenizer.json").read_bytes() for name in ("a", "b"))
     assert a == b
 
@@ -42,7 +43,7 @@ def test_vocab_stops_short_on_a_tiny_corpus():
 def test_save_and_reload(texts, tmp_path):
     tok = tokenizer.train_bpe(texts, 300)
     section = tok.save(str(tmp_path))
-    (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": section}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": to_json(section)}))
     again = tokenizer.load_tokenizer(str(tmp_path))
     assert again.encode(texts[3]) == tok.encode(texts[3])
     assert (again.vocab_size, again.bos_id, again.eos_id) == (300, 0, 1)
@@ -76,5 +77,5 @@ def test_cl100k_is_the_real_vocabulary(tmp_path):
     assert tok.bos_id == tok.eos_id == tok.pad_id == 100257  # <|endoftext|>
     assert len(tok.encode("<|endoftext|>")) > 1  # the string in a document is text
     section = tok.save(str(tmp_path))
-    (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": section}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": to_json(section)}))
     assert tokenizer.load_tokenizer(str(tmp_path)).encode("naïve café") == tok.encode("naïve café")

@@ -53,7 +53,7 @@ _measured: dict[tuple[str, str], float] = {}
 
 
 def flops_per_token(
-    n_params_non_embedding: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int
+    n_params_non_embedding: float, n_layers: int, n_heads: int, head_dim: int, seq_len: int
 ) -> float:
     """Training (forward + backward) FLOPs per token: 6·N + 12·L·H·Q·T (see module docstring)."""
     return 6.0 * n_params_non_embedding + 12.0 * n_layers * n_heads * head_dim * seq_len

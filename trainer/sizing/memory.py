@@ -121,11 +121,20 @@ def backward_transient_bytes(
     The loss's gradient with respect to the fp32 logits, then, with recomputation, the
     activations of the one layer being recomputed.
     """
-    sizes = dict(
-        bytes_per_element=bytes_per_element, dropout=dropout, flash_attention=flash_attention
-    )
-    rebuilt = activation_bytes_per_layer(seq_len, micro_batch, hidden, n_heads, "none", **sizes)
-    kept = activation_bytes_per_layer(seq_len, micro_batch, hidden, n_heads, recompute, **sizes)
+
+    def layer(mode: str) -> float:
+        return activation_bytes_per_layer(
+            seq_len,
+            micro_batch,
+            hidden,
+            n_heads,
+            mode,
+            bytes_per_element=bytes_per_element,
+            dropout=dropout,
+            flash_attention=flash_attention,
+        )
+
+    rebuilt, kept = layer("none"), layer(recompute)
     return 4 * seq_len * micro_batch * vocab + rebuilt - kept
 
 

@@ -15,15 +15,28 @@ import json
 import os
 import re
 import sys
+from typing import Any
 
 from protos.defaults import SECTIONS, ffn_dim_for
 from trainer.sizing import batch, flops, memory
 from trainer.sizing.accelerators import ACCELERATORS, match_accelerator
 from trainer.sizing.params import llama_param_count
-from trainer.sizing.report import quantity, render
+from trainer.sizing.report import (
+    BatchSection,
+    ComputeSection,
+    CriticalBatchPrior,
+    Fit,
+    MemorySection,
+    ModelSection,
+    ModelStates,
+    Plan,
+    Shape,
+    TimeSection,
+    q,
+    render,
+)
 
 GIB = memory.GIB
-q = quantity
 PRESETS = {  # public shapes, so that a plan for a known model needs no shape flags
     "llama2-7b": dict(layers=32, dim=4096, heads=32, kv_heads=32, ffn_dim=11008, vocab=32000),
     "llama3-8b": dict(layers=32, dim=4096, heads=32, kv_heads=8, ffn_dim=14336, vocab=128256),
@@ -102,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _shape(a) -> dict:
-    shape = dict(PRESETS[a.preset]) if a.preset else {}
+def _shape(a: argparse.Namespace) -> Shape:
+    shape: dict[str, Any] = dict(PRESETS[a.preset]) if a.preset else {}
     shape["tie_embeddings"] = False if a.preset else SECTIONS["model"]["tie_embeddings"].default
     for key in ("layers", "dim", "heads", "kv_heads", "ffn_dim", "vocab", "tie_embeddings"):
         if getattr(a, key) is not None:
@@ -122,10 +135,10 @@ def _shape(a) -> dict:
         raise PlanError(f"--kv-heads: {shape['kv_heads']} does not divide --heads {shape['heads']}")
     if shape["ffn_dim"] <= 0:
         raise PlanError(f"--ffn-dim: {shape['ffn_dim']} must be positive")
-    return shape
+    return Shape(**shape, head_dim=shape["dim"] // shape["heads"])
 
 
-def _hardware(a) -> tuple[str, float, str, float]:
+def _hardware(a: argparse.Namespace) -> tuple[str, float, str, float]:
     """(name, peak FLOP/s, basis, memory GiB) of one accelerator."""
     if a.gpu.lower() == "cpu":
         peak, basis = flops.peak_flops_per_second("cpu", a.dtype)
@@ -154,8 +167,9 @@ def _hardware(a) -> tuple[str, float, str, float]:
     return name, peak, basis, mem
 
 
-def make_plan(a) -> dict:
-    """All numbers of the plan, each as {value, unit, formula}, grouped in sections."""
+def make_plan(a: argparse.Namespace) -> Plan:
+    """All numbers of the plan, each a Quantity (value, unit, formula), grouped in sections.
+    Fills in `a.dtype` and `a.attention` where they were left to their defaults."""
     for flag in ("seq_len", "micro_batch", "gpus"):
         if getattr(a, flag) <= 0:
             raise PlanError(f"--{flag.replace('_', '-')}: {getattr(a, flag)} must be positive")
@@ -166,73 +180,74 @@ def make_plan(a) -> dict:
     a.dtype = a.dtype or ("fp32" if on_cpu else "bf16")
     a.attention = a.attention or ("materialized" if on_cpu else "flash")
     s = _shape(a)
-    L, d, H, V, T = s["layers"], s["dim"], s["heads"], s["vocab"], a.seq_len
-    Q = d // H
-    pc = llama_param_count(d, L, H, s["kv_heads"], s["ffn_dim"], V, s["tie_embeddings"])
+    L, d, H, V, T, Q = s.layers, s.dim, s.heads, s.vocab, a.seq_len, s.head_dim
+    pc = llama_param_count(d, L, H, s.kv_heads, s.ffn_dim, V, s.tie_embeddings)
     total = int(a.params) if a.params else pc.total
-    n = total - (0 if s["tie_embeddings"] else V * d) - d if a.params else pc.non_embedding
+    n = total - (0 if s.tie_embeddings else V * d) - d if a.params else pc.non_embedding
     if n <= 0:
         raise PlanError(f"--params: {total} is not more than the embedding's V·d = {V * d}")
     tokens = a.tokens or 20.0 * total
     tokens_basis = "given (--tokens)" if a.tokens else "20 × parameters (Chinchilla-optimal)"
-    model = {
-        "shape": {**s, "head_dim": Q},
-        "parameters": q(
+    model = ModelSection(
+        shape=s,
+        parameters=q(
             total,
             "params",
             "given (--params)"
             if a.params
-            else ("V·d (tied) + L·layer + d" if s["tie_embeddings"] else "2·V·d + L·layer + d"),
+            else ("V·d (tied) + L·layer + d" if s.tie_embeddings else "2·V·d + L·layer + d"),
         ),
-        "params_per_layer": q(pc.per_layer, "params", "2·d² + 2·d·KVH·Q + 3·d·f + 2·d"),
-        "non_embedding": q(n, "params", "L·layer + V·d (blocks and output projection)"),
-    }
+        params_per_layer=q(pc.per_layer, "params", "2·d² + 2·d·KVH·Q + 3·d·f + 2·d"),
+        non_embedding=q(n, "params", "L·layer + V·d (blocks and output projection)"),
+    )
 
     fpt = flops.flops_per_token(n, L, H, Q, T)
     attn = flops.flops_per_token(0, L, H, Q, T)  # the attention term alone
-    compute = {
-        "tokens": q(tokens, "tokens", tokens_basis),
-        "flops_per_token": q(fpt, "FLOP", "6·N + 12·L·H·Q·T (PaLM app. B; forward + backward)"),
-        "attention_share": q(attn / fpt, "fraction", "12·L·H·Q·T / (6·N + 12·L·H·Q·T)"),
-        "total_flops": q(fpt * tokens, "FLOP", "FLOPs per token × tokens"),
-    }
+    compute = ComputeSection(
+        tokens=q(tokens, "tokens", tokens_basis),
+        flops_per_token=q(fpt, "FLOP", "6·N + 12·L·H·Q·T (PaLM app. B; forward + backward)"),
+        attention_share=q(attn / fpt, "fraction", "12·L·H·Q·T / (6·N + 12·L·H·Q·T)"),
+        total_flops=q(fpt * tokens, "FLOP", "FLOPs per token × tokens"),
+    )
 
     gpu, peak, basis, mem_gib = _hardware(a)
     cluster = a.gpus * peak * a.mfu
     seconds = fpt * tokens / cluster
-    time = {
-        "accelerator": gpu,
-        "peak_flops_per_gpu": q(peak, "FLOP/s", f"{a.dtype} dense peak, basis {basis}"),
-        "mfu": q(a.mfu, "fraction", "assumed (--mfu)"),
-        "cluster_flops": q(cluster, "FLOP/s", "GPUs × peak × MFU"),
-        "tokens_per_second": q(cluster / fpt, "tokens/s", "cluster FLOP/s / FLOPs per token"),
-        "wall_clock": q(seconds, "s", "total FLOPs / cluster FLOP/s"),
-        "gpu_hours": q(seconds * a.gpus / 3600, "GPU-h", "wall clock × GPUs"),
-    }
-    return {
-        "model": model,
-        "compute": compute,
-        "time": time,
-        "memory": _memory(a, s, total, mem_gib),
-        "batch": _batch(a, T, cluster / fpt, tokens),
-    }
+    time = TimeSection(
+        accelerator=gpu,
+        peak_flops_per_gpu=q(peak, "FLOP/s", f"{a.dtype} dense peak, basis {basis}"),
+        mfu=q(a.mfu, "fraction", "assumed (--mfu)"),
+        cluster_flops=q(cluster, "FLOP/s", "GPUs × peak × MFU"),
+        tokens_per_second=q(cluster / fpt, "tokens/s", "cluster FLOP/s / FLOPs per token"),
+        wall_clock=q(seconds, "s", "total FLOPs / cluster FLOP/s"),
+        gpu_hours=q(seconds * a.gpus / 3600, "GPU-h", "wall clock × GPUs"),
+    )
+    return Plan(
+        inputs=vars(a),
+        model=model,
+        compute=compute,
+        time=time,
+        memory=_memory(a, s, total, mem_gib),
+        batch=_batch(a, T, cluster / fpt, tokens),
+    )
 
 
-def _memory(a, s, total: int, mem_gib: float) -> dict:
-    L, d, H, V, T, b = s["layers"], s["dim"], s["heads"], s["vocab"], a.seq_len, a.micro_batch
+def _memory(a: argparse.Namespace, s: Shape, total: int, mem_gib: float) -> MemorySection:
+    L, d, H, V, T, b = s.layers, s.dim, s.heads, s.vocab, a.seq_len, a.micro_batch
     layout = "mixed" if a.dtype == "bf16" else "fp32"
     w, g, o = memory.LAYOUTS[layout]
     e = 2 if a.dtype == "bf16" else 4
-    states = {}
+    states, state_bytes = {}, {}
     for level, sharding in enumerate(memory.SHARDINGS):
         st = memory.model_state_bytes(total, layout=layout, sharding=sharding, world_size=a.gpus)
+        state_bytes[sharding] = st.total
         shard = ["", "/R"]
-        states[sharding] = {
-            "weights": q(st.weights, "B", f"{w}·N{shard[level >= 3]}"),
-            "gradients": q(st.gradients, "B", f"{g}·N{shard[level >= 2]}"),
-            "optimizer": q(st.optimizer, "B", f"{o}·N{shard[level >= 1]}"),
-            "total": q(st.total, "B", "weights + gradients + optimizer"),
-        }
+        states[sharding] = ModelStates(
+            weights=q(st.weights, "B", f"{w}·N{shard[level >= 3]}"),
+            gradients=q(st.gradients, "B", f"{g}·N{shard[level >= 2]}"),
+            optimizer=q(st.optimizer, "B", f"{o}·N{shard[level >= 1]}"),
+            total=q(st.total, "B", "weights + gradients + optimizer"),
+        )
     drop, flash = a.dropout, a.attention == "flash"
     c, k = 16 * e + (2 if drop else 0), (2 * e + 1) if drop else e  # the paper's 34 and 5
     per_layer_formula = {
@@ -240,49 +255,44 @@ def _memory(a, s, total: int, mem_gib: float) -> dict:
         "selective": f"{c}·s·b·h",
         "full": f"{e}·s·b·h",
     }
-    sizes = dict(bytes_per_element=e, dropout=drop, flash_attention=flash)
-    act, backward = {}, {}
-    for mode, formula in per_layer_formula.items():
-        act[mode] = q(memory.activation_bytes_per_layer(T, b, d, H, mode, **sizes), "B", formula)
-        backward[mode] = q(
-            memory.backward_transient_bytes(T, b, d, H, V, mode, **sizes),
-            "B",
-            "4·s·b·V" + ("" if mode == "none" else f" + one layer rebuilt (none − {mode})"),
-        )
+    sizes: dict[str, Any] = dict(bytes_per_element=e, dropout=drop, flash_attention=flash)
+    modes = memory.RECOMPUTE_MODES
+    act_bytes = {m: memory.activation_bytes_per_layer(T, b, d, H, m, **sizes) for m in modes}
+    back_bytes = {m: memory.backward_transient_bytes(T, b, d, H, V, m, **sizes) for m in modes}
+    act = {m: q(act_bytes[m], "B", formula) for m, formula in per_layer_formula.items()}
+    backward = {
+        m: q(n, "B", "4·s·b·V" + ("" if m == "none" else f" + one layer rebuilt (none − {m})"))
+        for m, n in back_bytes.items()
+    }
     out = memory.output_layer_activation_bytes(T, b, d, V, bytes_per_element=e)
     usable = memory.usable_bytes(mem_gib)
-    fits = {}
+    fits: dict[str, dict[str, Fit]] = {}
     for sharding in memory.SHARDINGS:
         fits[sharding] = {}
-        for mode in memory.RECOMPUTE_MODES:
-            peak = (
-                states[sharding]["total"]["value"]
-                + L * act[mode]["value"]
-                + out
-                + backward[mode]["value"]
-            )
-            fits[sharding][mode] = {"bytes": peak, "fits": peak <= usable}
-    return {
-        "layout": layout,
-        "layout_note": {
+        for mode in modes:
+            peak = state_bytes[sharding] + L * act_bytes[mode] + out + back_bytes[mode]
+            fits[sharding][mode] = Fit(bytes=peak, fits=peak <= usable)
+    return MemorySection(
+        layout=layout,
+        layout_note={
             "mixed": "bf16 weights + bf16 gradients + fp32 master copy, momentum, variance",
             "fp32": "fp32 weights + fp32 gradients + fp32 momentum, variance (no master copy)",
         }[layout],
-        "model_states": states,
-        "activations_per_layer": act,
-        "activation_note": f"{e}-byte activations, "
+        model_states=states,
+        activations_per_layer=act,
+        activation_note=f"{e}-byte activations, "
         + ("with dropout masks (the paper's case)" if drop else "no dropout (Kitchen's blocks)")
         + f", {a.attention} attention",
-        "output_layer": q(out, "B", f"2·s·b·h·{e} + 4·s·b·V (fp32 logits for the loss)"),
-        "backward_transient": backward,
-        "device_memory": q(mem_gib * GIB, "B", "accelerator table (or --memory-gib / RAM)"),
-        "usable_memory": q(usable, "B", "90% (runtime, fragmentation, buffers)"),
-        "fits": fits,
-        "fits_formula": "model states + L × activations per layer + output layer + backward",
-    }
+        output_layer=q(out, "B", f"2·s·b·h·{e} + 4·s·b·V (fp32 logits for the loss)"),
+        backward_transient=backward,
+        device_memory=q(mem_gib * GIB, "B", "accelerator table (or --memory-gib / RAM)"),
+        usable_memory=q(usable, "B", "90% (runtime, fragmentation, buffers)"),
+        fits=fits,
+        fits_formula="model states + L × activations per layer + output layer + backward",
+    )
 
 
-def _batch(a, T: int, tokens_per_second: float, budget: float) -> dict:
+def _batch(a: argparse.Namespace, T: int, tokens_per_second: float, budget: float) -> BatchSection:
     gb = a.global_batch or max(a.micro_batch, round(2**20 / T / a.micro_batch) * a.micro_batch)
     if gb < a.micro_batch:
         raise PlanError(f"--global-batch: {gb} is smaller than --micro-batch {a.micro_batch}")
@@ -304,19 +314,19 @@ def _batch(a, T: int, tokens_per_second: float, budget: float) -> dict:
         )
     if gb_tokens > budget:
         warnings.append(f"one step ({gb_tokens:,} tokens) is more than the budget ({budget:,.0f})")
-    return {
-        "global_batch": q(gb, "sequences", "given" if a.global_batch else "about 2^20 tokens"),
-        "global_batch_tokens": q(gb_tokens, "tokens", "global batch × T"),
-        "step_time": q(gb_tokens / tokens_per_second, "s", "batch tokens / tokens per second"),
-        "max_data_parallel": q(max_dp, "GPUs", "global batch / micro batch"),
-        "grad_accumulation": q(accum, "micro batches", "global batch / (micro batch × GPUs)"),
-        "critical_batch_prior": {
-            "tokens_at_loss": priors,
-            "formula": "B_crit(L) ≈ 2e8 tokens · L^(-1/0.21) (Kaplan et al. 2020, WebText2)",
-            "loss_where_critical": batch.loss_where_critical(gb_tokens),
-        },
-        "warnings": warnings,
-    }
+    return BatchSection(
+        global_batch=q(gb, "sequences", "given" if a.global_batch else "about 2^20 tokens"),
+        global_batch_tokens=q(gb_tokens, "tokens", "global batch × T"),
+        step_time=q(gb_tokens / tokens_per_second, "s", "batch tokens / tokens per second"),
+        max_data_parallel=q(max_dp, "GPUs", "global batch / micro batch"),
+        grad_accumulation=q(accum, "micro batches", "global batch / (micro batch × GPUs)"),
+        critical_batch_prior=CriticalBatchPrior(
+            tokens_at_loss=priors,
+            formula="B_crit(L) ≈ 2e8 tokens · L^(-1/0.21) (Kaplan et al. 2020, WebText2)",
+            loss_where_critical=batch.loss_where_critical(gb_tokens),
+        ),
+        warnings=warnings,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -326,8 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(args)
     except PlanError as e:
         parser.error(str(e))
-    plan = {"inputs": vars(args), **plan}
-    print(json.dumps(plan, indent=2) if args.json else render(plan))
+    print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
     return 0
 
 

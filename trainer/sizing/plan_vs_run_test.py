@@ -73,8 +73,8 @@ def predicted():
 
     cfg = tiny_config()
     m = cfg.model
-    values = (m.n_layers, m.dim, m.n_heads, cfg.data.vocab_size, cfg.data.seq_len)
-    values += (cfg.train.micro_batch,)
+    data, micro_batch = cfg.data, cfg.train.micro_batch
+    values = (m.n_layers, m.dim, m.n_heads, data.vocab_size, data.seq_len, micro_batch)
     argv = [str(x) for pair in zip(SHAPE_FLAGS, values, strict=True) for x in pair]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
