@@ -42,7 +42,7 @@ class Attempts:
 
     def poll(self, live: dict[str, LiveAttempt], now: float) -> list[tuple[str, Observed]]:
         """What the executors see of `live` attempts, one call per pool not held back."""
-        by_pool = {}
+        by_pool: dict[str, dict[str, dict]] = {}
         for job_id, attempt in live.items():
             by_pool.setdefault(attempt.job.pool, {})[job_id] = attempt.handle
         seen = []

@@ -86,10 +86,10 @@ class Controller:
             store, self.jobs, self.attempts, self._holds, self._errors, metrics, events,
             self.pools, clock,
         )  # fmt: skip
-        self._wake_at = None
+        self._wake_at: float | None = None
         self._next_pass_at = 0.0
         self._last_flush = 0.0
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
     # ---------------------------------------------------------------- API threads
@@ -147,8 +147,9 @@ class Controller:
         while not self._stopping.is_set():
             now = self.clock()
             timeout = self.cfg.poll_interval_seconds
-            if self._holds.held("loop", now):
-                timeout = self._holds.get("loop").retry_at - now
+            hold = self._holds.get("loop")
+            if hold is not None and self._holds.held("loop", now):
+                timeout = hold.retry_at - now
             else:
                 try:
                     self.run_once()
@@ -281,7 +282,7 @@ class Controller:
                 log.warning("%s: %s: restarting it", live.job.id, reason)
                 self._stop(live, job_pb2.STOP_HANG, reason, now)
 
-    def _stop(self, live: LiveAttempt, stop: int, reason: str, now):
+    def _stop(self, live: LiveAttempt, stop: job_pb2.StopReason, reason: str, now):
         live.job = self.steps.save(transitions.stopping(live.job, stop, reason))
         self._signal_stop(live, now)
         self.events.publish(live.job.id)
@@ -298,9 +299,9 @@ class Controller:
         out = scheduler.after_exit(job, seen.exit_code, detail, now, never_started=never)
         ended = transitions.ended(job, out, never, *self.jobs.progress_of(live), now)
         final = ended.state in FINAL
-        queued = None if final else Queued(ended, transitions.demand(ended))
+        queued = None if final else Queued(ended, transitions.demand(ended))  # before saving
         self.steps.save(ended)
-        if final:
+        if queued is None:
             self.jobs.drop(job.id)
         else:
             self.jobs.put(queued)

@@ -191,7 +191,7 @@ def test_a_kind_outside_the_enum_troubles_no_one(tmp_path):
     launcher, client = h.start(h.config(tmp_path))
     try:
         spec = h.spec("alien", steps=3)
-        spec.kind = 99  # what raw gRPC can send; metrics cannot name it
+        spec.kind = 99  # type: ignore[assignment]  # raw gRPC can send it; metrics cannot name it
         alien, _ = launcher.controller.submit(job_pb2.Job(spec=spec, pool="cpu"))
         good = client.submit(h.spec("good", steps=3))
         done = h.wait_for(client, alien.id, h.FINAL)
@@ -214,7 +214,7 @@ def test_a_failing_store_holds_changes_back_and_the_loop_catches_up(tmp_path, ca
             raise sqlite3.OperationalError(DISK_FULL)
         return real(job, attempt_token=attempt_token)
 
-    launcher.store.update = update
+    launcher.store.update = update  # type: ignore[method-assign]
     try:
         h.behave(tmp_path, "ending", steps=12, step_seconds=0.05)
         ending = client.submit(h.spec("ending"))

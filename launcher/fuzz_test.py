@@ -19,7 +19,7 @@ BIG = 2**31 - 1
 
 # (field path under JobSpec, hostile values): out of range, not finite, not an enum member,
 # huge, Unicode lookalikes, NUL, paths into the launcher's own state.
-HOSTILE = {
+HOSTILE: dict[str, list] = {
     "retry.backoff_seconds": [math.nan, math.inf, 1e12, -1.0],
     "retry.max_backoff_seconds": [math.nan, -math.inf, 1e300],
     "retry.max_attempts": [-5, BIG],
@@ -46,7 +46,7 @@ HOSTILE = {
     "trainer.data.cache_dir": ["{state}/state.db", "{state}/runs/j999999"],
 }
 # Odd but valid: at the edges of every range. A spec with only these must be accepted and run.
-EDGE = {
+EDGE: dict[str, list] = {
     "priority": [1000, -1000],
     "retry.max_attempts": [100, 1],
     "retry.backoff_seconds": [0.0, 1e-9],
@@ -76,7 +76,7 @@ def hostile_requests(rng: random.Random, state: str):
     for i in range(SPECS):
         spec = h.spec(f"fuzz-{i}", steps=2)
         edges = rng.sample(sorted(EDGE), rng.randint(0, 2))
-        picked = [(path, rng.choice(EDGE[path])) for path in edges]
+        picked: list[tuple[str, object]] = [(p, rng.choice(EDGE[p])) for p in edges]
         hostile = rng.sample(sorted(HOSTILE), rng.choice((0, 1, 1, 2, 3)))
         picked += [(path, rng.choice(HOSTILE[path])) for path in hostile]
         for path, value in picked:

@@ -54,7 +54,8 @@ def started(job: job_pb2.Job, allocation, now: float) -> job_pb2.Job:
     out = _copy(job)
     out.attempts += 1
     handle = {"attempt_dir": attempt_dir(job.run_dir, out.attempts), "launched_at": now}
-    out.state, out.stop, out.handle = job_pb2.STARTING, 0, json.dumps(handle)
+    out.state, out.stop = job_pb2.STARTING, job_pb2.STOP_REASON_UNSPECIFIED
+    out.handle = json.dumps(handle)
     del out.allocation[:]
     for node, gpus in allocation:
         out.allocation.add(node=node, gpus=gpus)
@@ -73,7 +74,7 @@ def launched(job: job_pb2.Job, handle: dict, running: bool) -> job_pb2.Job:
     return out
 
 
-def stopping(job: job_pb2.Job, stop: int, reason: str = "") -> job_pb2.Job:
+def stopping(job: job_pb2.Job, stop: job_pb2.StopReason, reason: str = "") -> job_pb2.Job:
     """Why the running attempt is being stopped (stored before the signal)."""
     out = _copy(job)
     out.stop = stop
@@ -102,7 +103,8 @@ def ended(
     if progress is not None:
         out.progress.CopyFrom(progress)
         stamp(out.last_progress, progress_at)
-    out.state, out.exit_reason, out.stop, out.handle = outcome.state, outcome.reason, 0, ""
+    out.state, out.exit_reason = outcome.state, outcome.reason
+    out.stop, out.handle = job_pb2.STOP_REASON_UNSPECIFIED, ""
     out.failures += int(outcome.failed)
     out.preemptions += int(outcome.preempted)
     out.attempts -= int(never_started)
@@ -116,10 +118,11 @@ def ended(
     return out
 
 
-def finished(job: job_pb2.Job, state: int, reason: str, now: float) -> job_pb2.Job:
+def finished(job: job_pb2.Job, state: job_pb2.JobState, reason: str, now: float) -> job_pb2.Job:
     """Ended by the launcher itself: cancelled before it started, or FAILED for a reason."""
     out = _copy(job)
-    out.state, out.exit_reason, out.stop, out.handle = state, reason, 0, ""
+    out.state, out.exit_reason = state, reason
+    out.stop, out.handle = job_pb2.STOP_REASON_UNSPECIFIED, ""
     del out.allocation[:]
     stamp(out.finished, now)
     return out

@@ -42,7 +42,7 @@ class UnfinishedJobs:
         self.queued: dict[str, Queued] = {}  # read freely by the loop thread, its only writer
         self.live: dict[str, LiveAttempt] = {}
         self._waiting: dict[str, str] = {}  # job_id -> why it waits (the last pass's words)
-        self._fleet = {"queued": {}, "pools": {}}
+        self._fleet: dict = {"queued": {}, "pools": {}}
         self.need_pass = True  # the queue or the capacity changed: a scheduling pass is due
 
     # ---------------------------------------------------------------- loop thread
@@ -72,7 +72,7 @@ class UnfinishedJobs:
             dirty = [live for live in self.live.values() if live.progress_unsaved]
             for live in dirty:
                 live.progress_unsaved = False
-            return [(live, live.progress, live.progress_at) for live in dirty]
+            return [(lv, lv.progress, lv.progress_at) for lv in dirty if lv.progress is not None]
 
     def mark_unsaved(self, live: LiveAttempt):
         with self.lock:
@@ -148,7 +148,7 @@ def fleet_summary(
     pools: dict[str, scheduler.Pool], queued: list[scheduler.Demand], running: list[job_pb2.Job]
 ) -> dict:
     """{"queued": {pool: jobs}, "pools": {pool: capacity and use in nodes and GPUs}}."""
-    depth = {}
+    depth: dict[str, int] = {}
     for d in queued:
         depth[d.pool] = depth.get(d.pool, 0) + 1
     summary = {

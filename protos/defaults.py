@@ -178,7 +178,7 @@ def data_with_defaults(
 
 def with_defaults(
     cfg: trainer_config_pb2.TrainerConfig,
-    kind: job_pb2.JobKind.ValueType = job_pb2.PRETRAIN,
+    kind: job_pb2.JobKind = job_pb2.PRETRAIN,
     world_size: int = 1,
 ) -> trainer_config_pb2.TrainerConfig:
     """A copy of `cfg` with every unset field set; `cfg` is not changed. `kind` does not change

@@ -9,6 +9,15 @@ reader sees the old file or the new one and a crash leaves no half-written file 
 import hashlib
 import json
 import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """A written file as a manifest or a checkpoint's meta.json records it."""
+
+    bytes: int
+    sha256: str
 
 
 def fsync_dir(path: str) -> None:
@@ -25,8 +34,8 @@ def sha256_file(path: str) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def write_bytes(path: str, data, mode: int = 0o666) -> dict:
-    """Write `data` (bytes-like) durably in place; return {"bytes", "sha256"}.
+def write_bytes(path: str, data, mode: int = 0o666) -> FileDigest:
+    """Write `data` (bytes-like) durably in place; return its size and sha256.
 
     `mode` is applied at creation (before any byte is written: a secret is never readable by
     others, not even briefly)."""
@@ -35,7 +44,7 @@ def write_bytes(path: str, data, mode: int = 0o666) -> dict:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    return {"bytes": len(memoryview(data).cast("B")), "sha256": hashlib.sha256(data).hexdigest()}
+    return FileDigest(len(memoryview(data).cast("B")), hashlib.sha256(data).hexdigest())
 
 
 def json_bytes(obj) -> bytes:

@@ -54,7 +54,7 @@ def check_wire(message: Message, path: str = "") -> None:
     """Rule 1 over `message` and everything in it."""
     unknown = unknown_fields.UnknownFieldSet(message)
     if len(unknown):
-        numbers = ", ".join(str(f.field_number) for f in unknown)
+        numbers = ", ".join(str(unknown[i].field_number) for i in range(len(unknown)))
         raise ConfigError(
             path or "(top level)",
             f"unknown field number(s) {numbers} for {message.DESCRIPTOR.full_name}: "
@@ -129,7 +129,7 @@ def validate_job_spec(
 
 def resolve_trainer(
     cfg: trainer_config_pb2.TrainerConfig,
-    kind: job_pb2.JobKind.ValueType = job_pb2.PRETRAIN,
+    kind: job_pb2.JobKind = job_pb2.PRETRAIN,
     world_size: int = 1,
 ) -> trainer_config_pb2.TrainerConfig:
     """Rule 3: a copy of `cfg` with every default applied, or a ConfigError."""
@@ -199,7 +199,7 @@ def validate_data(d: trainer_config_pb2.DataConfig, path: str = "trainer.data") 
 
 def validate_trainer(
     cfg: trainer_config_pb2.TrainerConfig,
-    kind: job_pb2.JobKind.ValueType = job_pb2.PRETRAIN,
+    kind: job_pb2.JobKind = job_pb2.PRETRAIN,
     world_size: int = 1,
 ) -> None:
     """The rules of a defaulted TrainerConfig (see the module docstring, rule 3)."""

@@ -25,8 +25,8 @@ import torch
 from google.protobuf import json_format
 
 from protos import trainer_config_pb2
+from protos.files import FileDigest, fsync_dir, json_bytes, sha256_file, write_bytes
 from trainer import distributed
-from trainer.data.files import FileDigest, fsync_dir, json_bytes, sha256_file, write_bytes
 
 PREFIX = "step_"
 FILES = ("model.pt", "train.pt")

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from protos import trainer_config_pb2
+from protos.files import json_bytes
 from trainer import checkpoint
-from trainer.data.files import json_bytes
 
 RUN = checkpoint.TrainingRun(
     kind="PRETRAIN",

@@ -73,7 +73,7 @@ class Trainer:
     def __init__(
         self,
         cfg: trainer_config_pb2.TrainerConfig,
-        kind: job_pb2.JobKind.ValueType,
+        kind: job_pb2.JobKind,
         run_dir: str | Path,
         env: DistEnv,
         dataset_path: str | Path,

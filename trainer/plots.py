@@ -3,7 +3,7 @@
 import io
 from pathlib import Path
 
-from trainer.data.files import write_atomic
+from protos.files import write_atomic
 from trainer.metrics import read_records
 
 

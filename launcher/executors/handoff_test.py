@@ -62,7 +62,9 @@ def test_the_token_is_in_no_argv_or_environment_of_the_attempt(tmp_path):
         assert (attempt.job_id, attempt.number, attempt.run_dir) == (job.id, 1, job.run_dir)
         assert (attempt.launcher, attempt.token_file) == (launcher.address, token_file)
 
-        wrapper = read_json(os.path.join(where, "pid.json"))["pid"]
+        pid_file = read_json(os.path.join(where, "pid.json"))
+        assert pid_file is not None
+        wrapper = pid_file["pid"]
         pids = h.process_tree(wrapper)
         assert len(pids) >= 2  # the wrapper and the fake trainer
         with open(f"/proc/{pids[-1]}/cmdline", "rb") as f:

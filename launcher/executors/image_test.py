@@ -6,6 +6,7 @@ field."""
 
 import os
 import shlex
+from typing import Any
 
 import grpc
 import pytest
@@ -121,7 +122,7 @@ def test_a_slurm_batch_script_runs_the_trainer_through_run_image(tmp_path):
     job = job_pb2.Job(id="j1", attempts=1, run_dir=str(tmp_path / "run"))
     job.spec.image = f"127.0.0.1:5000/kitchen/trainer@{DIGEST}"
     env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": "/host/only"}
-    handle = {"attempt_dir": attempt_dir(job.run_dir, 1), "launched_at": 0.0}
+    handle: dict[str, Any] = {"attempt_dir": attempt_dir(job.run_dir, 1), "launched_at": 0.0}
     attempt = handoff.write(job, cfg, handle["attempt_dir"], "the-attempt-token")
     launch = Launch(job, attempt, list(cfg.trainer_cmd), env, handle)
     script = SlurmExecutor(cfg.pools[0].slurm, [], images=cfg.images)._script(launch)

@@ -28,6 +28,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any
 
 import kubernetes_validate
 import yaml
@@ -79,7 +80,7 @@ def _handoff_objects(launch: Launch, name: str, labels: dict) -> tuple[list, dic
             data[TLS_CA_FILE] = f.read()
     metadata = {"name": name, "labels": labels}
     objects = [{"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}]
-    sources = [{"configMap": {"name": name}}]
+    sources: list[dict[str, Any]] = [{"configMap": {"name": name}}]
     if attempt.token_file:
         with open(attempt.token_file, "rb") as f:
             token = base64.b64encode(f.read()).decode()
@@ -120,7 +121,7 @@ def render(
         argv = torchrun(torchrun_cmd, argv, nproc, rendezvous)
     elif nproc > 1:
         argv = torchrun(torchrun_cmd, argv, nproc, ["--standalone", "--nnodes=1"])
-    container = {
+    container: dict[str, Any] = {
         "name": "trainer",
         "image": job.spec.image or k8s.image,
         "command": argv,
@@ -129,7 +130,10 @@ def render(
     gpus = r.gpus_per_node or pool.gpus_per_node
     if gpus:
         container["resources"] = {"limits": {k8s.gpu_resource or "nvidia.com/gpu": gpus}}
-    pod = {"restartPolicy": "Never", "terminationGracePeriodSeconds": int(grace_seconds)}
+    pod: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": int(grace_seconds),
+    }
     pod["containers"] = [container]
     if k8s.service_account:
         pod["serviceAccountName"] = k8s.service_account

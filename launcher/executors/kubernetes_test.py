@@ -10,6 +10,7 @@ import os
 import stat
 import threading
 import time
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -47,7 +48,10 @@ def launch(tmp_path, nodes=1, processes=1, gpus=0, token=TOKEN, tls=True):
     if tls:
         (tmp_path / "ca.pem").write_text(CA_PEM)
         cfg.tls_cert = str(tmp_path / "ca.pem")
-    handle = {"attempt_dir": attempt_dir(str(tmp_path), 3), "launched_at": time.time()}
+    handle: dict[str, Any] = {
+        "attempt_dir": attempt_dir(str(tmp_path), 3),
+        "launched_at": time.time(),
+    }
     attempt = handoff.write(job, cfg, handle["attempt_dir"], token)
     env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": "/launcher/host/only"}
     return Launch(job, attempt, ["/app/trainer/train"], env, handle)

@@ -96,7 +96,7 @@ def admin_tokens_file(tmp_path, token="admin-token") -> str:
 
 def process_tree(root: int) -> list[int]:
     """`root` and its live descendants, from /proc."""
-    children = {}
+    children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:

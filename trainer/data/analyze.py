@@ -20,9 +20,10 @@ import os
 
 import numpy as np
 
+from protos import files
 from protos.enums import enum_name
 from protos.trainer_config_pb2 import DataConfig
-from trainer.data import files, packing
+from trainer.data import packing
 from trainer.data.corpus import plan_corpus
 from trainer.data.progress import Say
 from trainer.data.tokenized import tokenize_corpus

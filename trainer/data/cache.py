@@ -17,7 +17,8 @@ import shutil
 import tempfile
 from collections.abc import Callable
 
-from trainer.data import files, manifest
+from protos import files
+from trainer.data import manifest
 from trainer.data.manifest import M
 
 

@@ -15,8 +15,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from trainer.data import files
-from trainer.data.files import FileDigest
+from protos import files
+from protos.files import FileDigest
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from protos.enums import enum_name
+from protos.files import FileDigest
 from protos.trainer_config_pb2 import DataConfig
 from protos.validation import resolve_data
 from trainer.data import cache as cache_mod
 from trainer.data import manifest, packing, shards, tokenized
 from trainer.data.corpus import plan_corpus
 from trainer.data.errors import DataConfigError
-from trainer.data.files import FileDigest
 from trainer.data.manifest import (
     Counts,
     DatasetManifest,

@@ -14,8 +14,9 @@ import os
 
 import numpy as np
 
-from trainer.data import files
-from trainer.data.files import FileDigest
+from protos import files
+from protos.files import FileDigest
+from trainer.data.files import write_npy
 from trainer.data.manifest import DatasetManifest
 from trainer.data.packing import PackPlan
 
@@ -84,9 +85,9 @@ def write_split(
     row_begin = np.cumsum(row_len) - row_len  # in the stream of all rows' tokens
     seg_in_row = np.cumsum(plan.seg_len) - plan.seg_len - row_begin[seg_row]
     segments = np.stack([seg_in_row, seg_doc, plan.seg_start], axis=1)
-    put("rows.npy", files.write_npy, rows.astype(np.int64).reshape(-1, 4))
-    put("segments.npy", files.write_npy, segments.astype(np.int64).reshape(-1, 3))
-    put("row_segments.npy", files.write_npy, plan.row_ptr.astype(np.int64))
+    put("rows.npy", write_npy, rows.astype(np.int64).reshape(-1, 4))
+    put("segments.npy", write_npy, segments.astype(np.int64).reshape(-1, 3))
+    put("row_segments.npy", write_npy, plan.row_ptr.astype(np.int64))
     files.fsync_dir(os.path.join(directory, split))
     return written
 

@@ -24,14 +24,16 @@ from typing import Any
 
 import numpy as np
 
+from protos import files
 from protos.defaults import SPECIAL_TOKENS
 from protos.enums import enum_name
+from protos.files import FileDigest
 from protos.trainer_config_pb2 import DataConfig
 from trainer.data import cache as cache_mod
-from trainer.data import files, manifest, tokenizer
+from trainer.data import manifest, tokenizer
 from trainer.data.corpus import CorpusPlan, input_hashes, read_unit
 from trainer.data.errors import CorpusError, DataConfigError
-from trainer.data.files import FileDigest
+from trainer.data.files import write_npy
 from trainer.data.manifest import (
     DocumentCounts,
     Inputs,
@@ -243,7 +245,7 @@ def _build(
     }
     index = {"doc_offsets.npy": offsets_np, "doc_split.npy": split, "doc_record.npy": record}
     for name, arr in index.items():
-        listed[name] = files.write_npy(os.path.join(tmp, name), arr)
+        listed[name] = write_npy(os.path.join(tmp, name), arr)
     tok_file = os.path.join(tmp, section.file)
     listed[section.file] = FileDigest(os.path.getsize(tok_file), section.sha256)
     body = TokenizedManifest(
