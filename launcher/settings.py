@@ -4,6 +4,7 @@ Defaults live here and nowhere else: `resolve(cfg)` returns a copy where every u
 has its value, so the rest of the launcher reads fields without guessing.
 """
 
+import ipaddress
 import os
 import sys
 
@@ -64,6 +65,7 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
     out.state_dir = user_path(out.state_dir) or state_dir()
     for field in ("tokens_file", "tls_cert", "tls_key"):
         setattr(out, field, user_path(getattr(out, field)))
+    out.exposure.metrics_token_file = user_path(out.exposure.metrics_token_file)
     if not out.pools:
         out.pools.add(name="cpu", executor=launcher_pb2.LOCAL, nodes=1)
     names = set()
@@ -105,4 +107,56 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
     out.poll_interval_seconds = out.poll_interval_seconds or DEFAULT_POLL_INTERVAL_SECONDS
     if bool(out.tls_cert) != bool(out.tls_key):
         raise ConfigError("tls_cert", "TLS needs both tls_cert and tls_key")
+    _check_exposure(out)
     return out
+
+
+def is_loopback(address: str) -> bool:
+    """Whether HOST:PORT listens on this machine only (127.0.0.0/8, ::1, localhost)."""
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name or "" (every interface)
+        return False
+
+
+def _check_exposure(cfg: launcher_pb2.LauncherConfig) -> None:
+    """The rules of kitchen.v1.Exposure: refuse what would leak, fill the names default."""
+    e = cfg.exposure
+    if not is_loopback(cfg.listen):
+        if not cfg.tls_cert and not e.allow_plaintext:
+            raise ConfigError(
+                "listen",
+                f"{cfg.listen} is reachable from other machines, and without TLS bearer tokens "
+                "and job specs travel in clear: set tls_cert and tls_key, or "
+                "exposure.allow_plaintext: true on a trusted network",
+            )
+        if not cfg.tokens_file and not e.allow_unauthenticated:
+            raise ConfigError(
+                "listen",
+                f"{cfg.listen} is reachable from other machines, and without tokens_file anyone "
+                "there can submit and cancel jobs: set tokens_file, or "
+                "exposure.allow_unauthenticated: true on a trusted network",
+            )
+    metrics_open = cfg.metrics_listen != "none" and not is_loopback(cfg.metrics_listen)
+    if metrics_open and cfg.tokens_file and not e.metrics_token_file:
+        raise ConfigError(
+            "metrics_listen",
+            f"{cfg.metrics_listen} is reachable from other machines and /metrics lists every "
+            "team's jobs: set exposure.metrics_token_file (Prometheus sends it as a bearer "
+            "token), or listen on 127.0.0.1",
+        )
+    if e.metrics_token_file:
+        try:
+            with open(e.metrics_token_file, encoding="utf-8") as f:
+                token = f.read().strip()
+        except OSError as err:
+            raise ConfigError(
+                "exposure.metrics_token_file", f"cannot read: {err.strerror}"
+            ) from None
+        if len(token) < 16:
+            raise ConfigError("exposure.metrics_token_file", "holds fewer than 16 characters")
+    if not e.HasField("metrics_job_names"):
+        e.metrics_job_names = not cfg.tokens_file
