@@ -70,10 +70,10 @@ def test_run_dashboard_answers_is_my_run_healthy():
         "Gradient norm",
     } <= _titles(board)
     (variable,) = board["templating"]["list"]
-    assert variable["name"] == "job" and variable["multi"] and variable["includeAll"]
+    assert variable["name"] == "job_id" and variable["multi"] and variable["includeAll"]
     for panel in board["panels"]:
         for target in panel.get("targets", []):
-            assert 'job=~"$job"' in target["expr"], panel["title"]
+            assert 'job_id=~"$job_id"' in target["expr"], panel["title"]
 
 
 def test_fleet_dashboard_shows_queue_waits_states_and_pools():
