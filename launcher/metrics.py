@@ -176,8 +176,13 @@ class LauncherMetrics:
         jobs = GaugeMetricFamily(
             "kitchen_jobs", "Jobs in the store by state.", labels=["state", "pool"]
         )
-        for (state, pool), n in sorted(fleet["counts"].items()):
-            jobs.add_metric([job_pb2.JobState.Name(state), pool], n)
+        # Every state of every pool, 0 included: "nothing running" must read 0, not no data.
+        pools = sorted(set(fleet["pools"]) | {pool for _, pool in fleet["counts"]})
+        states = [s for s in job_pb2.JobState.values() if s != job_pb2.JOB_STATE_UNSPECIFIED]
+        for pool in pools:
+            for state in states:
+                n = fleet["counts"].get((state, pool), 0)
+                jobs.add_metric([job_pb2.JobState.Name(state), pool], n)
         depth = GaugeMetricFamily("kitchen_queue_depth", "Jobs waiting to start.", labels=["pool"])
         capacity = GaugeMetricFamily(
             "kitchen_pool_capacity", "Pool size.", labels=["pool", "resource"]

@@ -126,9 +126,14 @@ def test_scrape_a_live_launcher(tmp_path):
         time.sleep(1.5)  # past the retention window
         after = samples(scrape(launcher.metrics_port))
         assert not any(dict(lbl).get("job_id") in (running.id, queued.id) for _, lbl in after)
-        assert (
-            after[("kitchen_jobs", frozenset({"state": "CANCELLED", "pool": "cpu"}.items()))] == 2
-        )
+        # Every state is exported for the pool, 0 included: "none running" is 0, not no data.
+        cpu_jobs = {
+            dict(lbl)["state"]: n
+            for (name, lbl), n in after.items()
+            if name == "kitchen_jobs" and dict(lbl)["pool"] == "cpu"
+        }
+        states = [s for s in job_pb2.JobState.keys() if s != "JOB_STATE_UNSPECIFIED"]
+        assert cpu_jobs == {state: 2 if state == "CANCELLED" else 0 for state in states}
     finally:
         client.close()
         launcher.stop()
