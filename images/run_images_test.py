@@ -15,6 +15,7 @@ import time
 import pytest
 import yaml
 
+from protos.progress_log import read_progress_log
 from tools.oci import testing
 
 TRAINER = os.environ["TRAINER_LAYOUT"]
@@ -120,14 +121,12 @@ def test_tiny_config_trains_a_few_steps_in_the_trainer_image(cache_dir, tmp_path
         str(run_dir / "run"),
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    metrics = [
-        json.loads(line) for line in (run_dir / "run" / "metrics.jsonl").read_text().splitlines()
-    ]
-    steps = [m for m in metrics if m["phase"] == "train"]
-    assert [int(m["step"]) for m in steps] == [1, 2, 3, 4]
-    losses = [m["loss"] for m in steps]
+    metrics = read_progress_log(run_dir / "run").records
+    steps = [m for m in metrics if m.phase == "train"]
+    assert [m.step for m in steps] == [1, 2, 3, 4]
+    losses = [m.loss for m in steps]
     assert all(0 < loss < 20 for loss in losses) and losses[-1] < losses[0], losses
-    assert any(m["phase"] == "eval" and m["eval_loss"] > 0 for m in metrics)
+    assert any(m.phase == "eval" and m.eval_loss > 0 for m in metrics)
     assert (run_dir / "run" / "loss.png").stat().st_size > 0
     assert (run_dir / "run" / "checkpoints").is_dir() and any(
         (run_dir / "run" / "checkpoints").iterdir()

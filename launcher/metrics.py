@@ -1,6 +1,7 @@
 """The launcher's Prometheus exporter (`/metrics`).
 
-Per job (labels job, name, kind, pool, team), from the trainer's progress reports:
+Per job (labels job_id, name, kind, pool, team; not `job`, which is Prometheus's scrape job),
+from the trainer's progress reports:
   kitchen_train_step_duration_seconds (histogram, one observation per step), kitchen_train_step,
   kitchen_train_total_steps, kitchen_train_loss, kitchen_train_eval_loss, kitchen_train_mfu_ratio,
   kitchen_train_tokens_total, kitchen_train_tokens_per_second, kitchen_train_goodput_ratio,
@@ -22,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from protos import job_pb2
 
-JOB_LABELS = ["job", "name", "kind", "pool", "team"]
+JOB_LABELS = ["job_id", "name", "kind", "pool", "team"]
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 24 * 3600)
 PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
@@ -175,8 +176,13 @@ class LauncherMetrics:
         jobs = GaugeMetricFamily(
             "kitchen_jobs", "Jobs in the store by state.", labels=["state", "pool"]
         )
-        for (state, pool), n in sorted(fleet["counts"].items()):
-            jobs.add_metric([job_pb2.JobState.Name(state), pool], n)
+        # Every state of every pool, 0 included: "nothing running" must read 0, not no data.
+        pools = sorted(set(fleet["pools"]) | {pool for _, pool in fleet["counts"]})
+        states = [s for s in job_pb2.JobState.values() if s != job_pb2.JOB_STATE_UNSPECIFIED]
+        for pool in pools:
+            for state in states:
+                n = fleet["counts"].get((state, pool), 0)
+                jobs.add_metric([job_pb2.JobState.Name(state), pool], n)
         depth = GaugeMetricFamily("kitchen_queue_depth", "Jobs waiting to start.", labels=["pool"])
         capacity = GaugeMetricFamily(
             "kitchen_pool_capacity", "Pool size.", labels=["pool", "resource"]

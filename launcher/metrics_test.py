@@ -40,7 +40,7 @@ def make_job():
 
 
 LABELS = frozenset(
-    {"job": "j7", "name": "tiny", "kind": "pretrain", "pool": "cpu", "team": "nlp"}.items()
+    {"job_id": "j7", "name": "tiny", "kind": "pretrain", "pool": "cpu", "team": "nlp"}.items()
 )
 
 
@@ -73,7 +73,7 @@ def test_step_histogram_counts_steps_and_retention_drops_finished_jobs():
     assert ("kitchen_train_loss", LABELS) in samples(generate_latest(m.registry).decode())
     now[0] += 2
     assert not any(
-        dict(labels).get("job") == "j7"
+        dict(labels).get("job_id") == "j7"
         for _, labels in samples(generate_latest(m.registry).decode())
     )
 
@@ -104,7 +104,7 @@ def test_scrape_a_live_launcher(tmp_path):
         got = samples(text)
         labels = frozenset(
             {
-                "job": running.id,
+                "job_id": running.id,
                 "name": "long",
                 "kind": "pretrain",
                 "pool": "cpu",
@@ -125,10 +125,15 @@ def test_scrape_a_live_launcher(tmp_path):
             h.wait_for(client, job.id, h.FINAL)
         time.sleep(1.5)  # past the retention window
         after = samples(scrape(launcher.metrics_port))
-        assert not any(dict(lbl).get("job") in (running.id, queued.id) for _, lbl in after)
-        assert (
-            after[("kitchen_jobs", frozenset({"state": "CANCELLED", "pool": "cpu"}.items()))] == 2
-        )
+        assert not any(dict(lbl).get("job_id") in (running.id, queued.id) for _, lbl in after)
+        # Every state is exported for the pool, 0 included: "none running" is 0, not no data.
+        cpu_jobs = {
+            dict(lbl)["state"]: n
+            for (name, lbl), n in after.items()
+            if name == "kitchen_jobs" and dict(lbl)["pool"] == "cpu"
+        }
+        states = [s for s in job_pb2.JobState.keys() if s != "JOB_STATE_UNSPECIFIED"]
+        assert cpu_jobs == {state: 2 if state == "CANCELLED" else 0 for state in states}
     finally:
         client.close()
         launcher.stop()

@@ -2,11 +2,12 @@
 which runs `//trainer:train` (found in the runfiles, or `python -m trainer.main` outside
 Bazel) on a small pretraining job to the end. About 20-40 s on two CPU cores."""
 
-import json
 import math
 import os
 import subprocess
 import sys
+
+from protos.progress_log import read_progress_log
 
 CONFIG = """\
 name: e2e
@@ -39,7 +40,6 @@ def test_submit_runs_the_real_trainer_to_the_end(tmp_path):
     run = tmp_path / "state" / "runs" / "j1"
     assert (run / "checkpoints" / "step_00000012").is_dir()
     assert (run / "loss.png").exists()
-    steps = [json.loads(line) for line in open(run / "metrics.jsonl")]
-    train = [s for s in steps if s["phase"] == "train"]
-    assert train and int(train[-1]["step"]) == 12 and train[-1]["job_id"] == "j1"
+    train = [p for p in read_progress_log(run).records if p.phase == "train"]
+    assert train and train[-1].step == 12 and train[-1].job_id == "j1"
     assert (tmp_path / "state" / "precook").is_dir()  # KITCHEN_STATE_DIR reached the trainer

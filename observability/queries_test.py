@@ -13,17 +13,17 @@ from observability.queries import (
 
 
 def test_grafana_variables_become_promql():
-    expr = 'rate(x{job=~"$job", pool=~"${pool}"}[$__rate_interval]) or y{t="[[team]]"}'
-    assert substitute_grafana_variables(expr, {"job", "pool", "team"}) == (
-        'rate(x{job=~".+", pool=~".+"}[1m]) or y{t=".+"}'
+    expr = 'rate(x{job_id=~"$job_id", pool=~"${pool}"}[$__rate_interval]) or y{t="[[team]]"}'
+    assert substitute_grafana_variables(expr, {"job_id", "pool", "team"}) == (
+        'rate(x{job_id=~".+", pool=~".+"}[1m]) or y{t=".+"}'
     )
-    with pytest.raises(ValueError, match=r"unknown Grafana variable \$jbo"):
-        substitute_grafana_variables('x{job=~"$jbo"}', {"job"})
+    with pytest.raises(ValueError, match=r"unknown Grafana variable \$jbo_id"):
+        substitute_grafana_variables('x{job_id=~"$jbo_id"}', {"job_id"})
 
 
 def test_label_values_become_a_grouping_query():
-    assert variable_query_to_promql("label_values(kitchen_train_loss, job)") == (
-        "group by (job) (kitchen_train_loss)"
+    assert variable_query_to_promql("label_values(kitchen_train_loss, job_id)") == (
+        "group by (job_id) (kitchen_train_loss)"
     )
     assert variable_query_to_promql("label_values(pool)") == 'group by (pool) ({pool!=""})'
     assert variable_query_to_promql("up == 1") == "up == 1"
@@ -31,7 +31,7 @@ def test_label_values_become_a_grouping_query():
 
 def test_collapsed_rows_are_searched_and_hidden_targets_skipped(tmp_path):
     board = {
-        "templating": {"list": [{"type": "query", "name": "job", "query": {"query": "up"}}]},
+        "templating": {"list": [{"type": "query", "name": "job_id", "query": {"query": "up"}}]},
         "panels": [
             {
                 "type": "row",
@@ -40,7 +40,7 @@ def test_collapsed_rows_are_searched_and_hidden_targets_skipped(tmp_path):
                     {
                         "title": "inner",
                         "targets": [
-                            {"refId": "A", "expr": 'a{job=~"$job"}'},
+                            {"refId": "A", "expr": 'a{job_id=~"$job_id"}'},
                             {"refId": "B", "expr": "b", "hide": True},
                         ],
                     },
@@ -51,7 +51,7 @@ def test_collapsed_rows_are_searched_and_hidden_targets_skipped(tmp_path):
     path = tmp_path / "board.json"
     path.write_text(json.dumps(board))
     queries = dashboard_queries(path)
-    assert [(q.kind, q.expr) for q in queries] == [("variable", "up"), ("panel", 'a{job=~".+"}')]
+    assert [(q.kind, q.expr) for q in queries] == [("variable", "up"), ("panel", 'a{job_id=~".+"}')]
     assert queries[1].source == "board.json: panel 'inner' (A)"
 
 

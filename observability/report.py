@@ -10,17 +10,17 @@ throughput and goodput, embedded so the page can be mailed or attached as one fi
 import argparse
 import base64
 import html
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from observability.metrics_log import MetricsLogError, read_metrics_log
 from observability.report_plots import all_plots
 from observability.run_health import findings
 from observability.run_series import run_series
+from protos.files import write_atomic
+from protos.paths import user_path
+from protos.progress_log import ProgressLogError, read_progress_log
 
 STYLE = """
 body { font-family: system-ui, sans-serif; max-width: 60em; margin: 2em auto; color: #222; }
@@ -93,7 +93,9 @@ def summary_rows(records: list, series) -> list[tuple[str, str]]:
 
 def render_html(run: str | Path) -> tuple[str, list[str]]:
     """The report page for a run directory (or metrics.jsonl), and warnings met reading it."""
-    log = read_metrics_log(run)
+    log = read_progress_log(run)
+    if not log.records:
+        raise ProgressLogError(f"{log.path}: no progress records")
     series = run_series(log.records)
     rows = summary_rows(log.records, series)
     title = f"Kitchen run report: {rows[0][1]}"
@@ -133,34 +135,23 @@ def render_html(run: str | Path) -> tuple[str, list[str]]:
     return "\n".join(parts), log.warnings
 
 
-def write_atomically(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(text)
-        tmp.flush()
-        os.fsync(tmp.fileno())
-    os.chmod(tmp.name, 0o644)
-    os.replace(tmp.name, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kitchen report", description=__doc__.split("\n")[0])
     parser.add_argument("run", help="run directory (or its metrics.jsonl)")
     parser.add_argument("--output", "-o", help="HTML file (default: RUN_DIR/report.html)")
     args = parser.parse_args(argv)
-    # `bazel run` starts us in the runfiles tree; paths on the command line are the user's.
-    cwd = Path(os.environ.get("BUILD_WORKING_DIRECTORY", "."))
-    run = cwd / args.run
-    output = cwd / args.output if args.output else (run if run.is_dir() else run.parent)
+    run = Path(user_path(args.run))  # `bazel run` starts us in the runfiles, not where you are
+    output = Path(user_path(args.output)) if args.output else (run if run.is_dir() else run.parent)
     if output.is_dir():
         output = output / "report.html"
     try:
         page, warnings = render_html(run)
-    except (FileNotFoundError, MetricsLogError) as err:
+    except (FileNotFoundError, ProgressLogError) as err:
         print(f"kitchen report: {err}", file=sys.stderr)
         return 2
     for warning in warnings:
         print(f"warning: {warning}", file=sys.stderr)
-    write_atomically(output, page)
+    write_atomic(str(output), page)
     print(f"wrote {output} ({len(page) / 1024:.0f} KiB)")
     return 0
 

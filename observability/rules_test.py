@@ -52,7 +52,7 @@ def test_promtool_test_fails_on_a_wrong_expectation(tmp_path):
         [PROMTOOL, "test", "rules", str(broken)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode != 0
-    assert 'expr: "job:kitchen_train_tokens:rate1m"' in result.stdout + result.stderr
+    assert 'expr: "job_id:kitchen_train_tokens:rate1m"' in result.stdout + result.stderr
 
 
 def _alert_names() -> list[str]:

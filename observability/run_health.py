@@ -2,7 +2,8 @@
 
 The same shapes the Prometheus alerts watch for (docs/observability.md), with thresholds to
 match: loss NaN or spiking, MFU sagging below its own level, slow steps (a checkpoint sawtooth
-or a straggler), input stalls, low goodput, restarts.
+or a straggler), input stalls, low goodput, restarts. run_health_test.py holds each threshold
+marked "as <alert>" equal to the number in that alert's expression.
 """
 
 from typing import NamedTuple
@@ -11,8 +12,10 @@ import numpy as np
 
 from observability.run_series import RunSeries
 
-SPIKE_RATIO, SPIKE_MARGIN, SPIKE_WINDOW = 1.5, 0.5, 50  # as KitchenLossSpike
+SPIKE_RATIO, SPIKE_MARGIN = 1.5, 0.5  # as KitchenLossSpike
+SPIKE_WINDOW = 50  # logged steps before the one judged (the alert looks back 30 minutes)
 SAG_RATIO = 0.7  # as KitchenMFUDrop
+STEP_SLOWDOWN_RATIO = 1.5  # as KitchenStepTimeRegression
 SLOW_STEP_RATIO = 2.0
 DATA_STALL_SHARE = 0.1
 GOODPUT_FLOOR = 0.8  # as KitchenGoodputLow
@@ -107,7 +110,7 @@ def _step_time_findings(steps, step_time, data_time) -> list[Finding]:
             detail += f" (steps {_steps_text(steps[slow])}): stragglers or input stalls."
         out.append(Finding("note", "Slow steps", detail))
     tail = step_time[-max(5, len(step_time) // 5) :]
-    if len(step_time) >= 50 and np.median(tail) > 1.5 * median:
+    if len(step_time) >= 50 and np.median(tail) > STEP_SLOWDOWN_RATIO * median:
         out.append(
             Finding(
                 "problem",

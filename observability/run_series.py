@@ -1,12 +1,16 @@
 """A run's Progress records as per-step arrays: what the report plots and judges.
 
 A restarted run logs some steps twice (it resumes from its last checkpoint); the last record of
-each step is the one that counts, and the repeats are counted as recomputed work.
+each step is the one that counts (protos/progress_log.py: last_per_step), and the repeats are
+counted as recomputed work.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from protos import progress_pb2
+from protos.progress_log import is_eval, is_training_step, last_per_step
 
 # The Progress fields that vary per training step.
 STEP_FIELDS = (
@@ -35,41 +39,27 @@ class RunSeries:
     events: list[tuple[int, int, str]]  # (step, attempt, message)
 
 
-def _is_training_step(record) -> bool:
-    # Event lines ("checkpoint saved") repeat a step number but carry no step time.
-    return record.phase in ("train", "") and record.step_time_seconds > 0
-
-
-def run_series(records: list) -> RunSeries:
-    by_step, restarts, recomputed, events = {}, [], 0, []
-    evals = {}
+def run_series(records: list[progress_pb2.Progress]) -> RunSeries:
+    trained = last_per_step(records, is_training_step)
+    evals = last_per_step(records, is_eval)
+    restarts, recomputed = [], 0
     attempt, furthest = None, -1
-    for record in records:
-        if record.message:
-            events.append((record.step, record.attempt, record.message))
-        if record.eval_loss and (record.phase == "eval" or not _is_training_step(record)):
-            evals[record.step] = record.eval_loss
-        if not _is_training_step(record):
-            continue
+    for record in filter(is_training_step, records):
         if attempt is not None and record.attempt != attempt:
             restarts.append(record.step)
         attempt = record.attempt
         if record.step <= furthest:
             recomputed += 1
         furthest = max(furthest, record.step)
-        by_step[record.step] = record
-    steps = np.array(sorted(by_step), dtype=np.int64)
-    values = {
-        field: np.array([getattr(by_step[s], field) for s in steps], dtype=np.float64)
-        for field in STEP_FIELDS
-    }
-    eval_steps = np.array(sorted(evals), dtype=np.int64)
     return RunSeries(
-        steps=steps,
-        values=values,
-        eval_steps=eval_steps,
-        eval_loss=np.array([evals[s] for s in eval_steps], dtype=np.float64),
+        steps=np.array(list(trained), dtype=np.int64),
+        values={
+            field: np.array([getattr(r, field) for r in trained.values()], dtype=np.float64)
+            for field in STEP_FIELDS
+        },
+        eval_steps=np.array(list(evals), dtype=np.int64),
+        eval_loss=np.array([r.eval_loss for r in evals.values()], dtype=np.float64),
         restart_steps=restarts,
         recomputed_steps=recomputed,
-        events=events,
+        events=[(r.step, r.attempt, r.message) for r in records if r.message],
     )

@@ -96,12 +96,12 @@ def test_submitted_job_trains_and_every_dashboard_query_has_data(tmp_path, launc
         assert submit.returncode == 0, submit.stdout + submit.stderr + log
         assert "SUCCEEDED" in submit.stdout
 
-        # What the trainer reported reached Prometheus, labelled by job.
-        loss = _query(prometheus, 'kitchen_train_loss{job="j1"}')
+        # What the trainer reported reached Prometheus, labelled by job_id.
+        loss = _query(prometheus, 'kitchen_train_loss{job_id="j1"}')
         assert loss and 0 < float(loss[0]["value"][1]) < 7.0, loss
-        tokens = _query(prometheus, 'kitchen_train_tokens_total{job="j1"}')
+        tokens = _query(prometheus, 'kitchen_train_tokens_total{job_id="j1"}')
         assert tokens and float(tokens[0]["value"][1]) == 40 * 4 * 64, tokens
-        steps = _query(prometheus, 'kitchen_train_step_duration_seconds_count{job="j1"}')
+        steps = _query(prometheus, 'kitchen_train_step_duration_seconds_count{job_id="j1"}')
         assert steps and float(steps[0]["value"][1]) > 0, steps
 
         # Every panel query, template variable and recording rule returns data; every alert

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from trainer.metrics import read_records
+from protos.progress_log import read_progress_log
 from trainer.testing import (
     final_weights,
     run_trainer,
@@ -81,11 +81,11 @@ def test_two_processes_match_one(single, parallelism):
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)
     # Tokens/s and tokens counted across both ranks.
-    records = [r for r in read_records(root / parallelism) if r["phase"] == "train"]
-    single_records = [r for r in read_records(root / "single") if r["phase"] == "train"]
-    assert records[-1]["tokens_total"] == single_records[-1]["tokens_total"]
+    records = [r for r in read_progress_log(root / parallelism).records if r.phase == "train"]
+    single = [r for r in read_progress_log(root / "single").records if r.phase == "train"]
+    assert records[-1].tokens_total == single[-1].tokens_total
 
 
 def test_gradient_noise_scale_is_measured_with_accumulation(single):
-    records = [r for r in read_records(single / "single") if r["phase"] == "train"]
-    assert all(r["gradient_noise_scale"] != 0 for r in records[1:])
+    records = [r for r in read_progress_log(single / "single").records if r.phase == "train"]
+    assert all(r.gradient_noise_scale != 0 for r in records[1:])

@@ -8,11 +8,11 @@ import torch
 
 from protos import job_pb2
 from protos.config_yaml import job_spec_from_dict
+from protos.progress_log import is_training_step, read_progress_log
 from protos.validation import resolve_trainer
 from trainer import loop
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
-from trainer.metrics import read_records
 from trainer.testing import tiny_job
 
 torch.set_num_threads(1)
@@ -49,10 +49,10 @@ def test_a_nan_loss_skips_only_its_update(cache, tmp_path):
     trainer, calls, updates, _ = make_trainer(cache, tmp_path, bad_calls={3}, steps=6)
     assert trainer.run() == loop.Outcome.DONE
     assert calls == [1, 2, 3, 4, 5, 6] and updates == [1, 2, 4, 5, 6]
-    train = [r for r in read_records(tmp_path) if r["phase"] == "train"]
-    assert [int(r["skipped_steps"]) for r in train] == [0, 0, 1, 1, 1, 1]
-    assert all(int(r["rollbacks"]) == 0 for r in train)
-    assert train[2]["loss"] == "NaN"  # json_format spelling: no accepted step to average
+    train = [r for r in read_progress_log(tmp_path).records if r.phase == "train"]
+    assert [r.skipped_steps for r in train] == [0, 0, 1, 1, 1, 1]
+    assert all(r.rollbacks == 0 for r in train)
+    assert math.isnan(train[2].loss)  # no accepted step to average
 
 
 def test_bad_steps_in_a_row_roll_back_to_the_last_checkpoint(cache, tmp_path):
@@ -66,10 +66,10 @@ def test_bad_steps_in_a_row_roll_back_to_the_last_checkpoint(cache, tmp_path):
     assert updates == [1, 2, 3, 4, 5, 6, 7, 8]
     assert trainer.loader.state_dict()["batch"] == len(calls)
     assert any("rolled back from step 7 to step_00000004" in m for m in messages)
-    records = read_records(tmp_path)
-    last = [r for r in records if r["phase"] == "train" and r["tokens_per_second"]][-1]
-    assert (int(last["skipped_steps"]), int(last["rollbacks"])) == (3, 1)
-    assert any("rolled back" in r["message"] for r in records)
+    records = read_progress_log(tmp_path).records
+    last = [r for r in records if is_training_step(r)][-1]
+    assert (last.skipped_steps, last.rollbacks) == (3, 1)
+    assert any("rolled back" in r.message for r in records)
     # The redone steps count as lost progress, not as goodput.
     assert trainer.goodput.seconds["lost"] > 0
 

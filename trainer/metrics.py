@@ -1,11 +1,10 @@
 """Per-step metrics: the JSONL record, the human log line, MFU, memory, goodput.
 
-One `kitchen.v1.Progress` per logged step goes to `<run_dir>/metrics.jsonl` (json_format,
-proto field names, every field present) and to the launcher when there is one. Values are
-averaged over the steps since the previous log line, so nothing between two lines is lost.
+One `kitchen.v1.Progress` per logged step goes to `<run_dir>/metrics.jsonl` (its format and
+reader: protos/progress_log.py) and to the launcher when there is one. Values are averaged over
+the steps since the previous log line, so nothing between two lines is lost.
 """
 
-import json
 import os
 import resource
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from protos import progress_log
 from trainer.sizing import flops
 
 BADPUT = ("startup", "data", "checkpoint_save", "checkpoint_restore", "lost", "eval")
@@ -102,7 +102,7 @@ class MetricsLogger:
     """Accumulates step stats; every `log_every` steps writes one Progress record and line."""
 
     def __init__(self, run_dir, *, is_main, model_flops_per_token, peak, world_size, log):
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / progress_log.LOG_NAME
         self.is_main = is_main
         self.flops_per_token = model_flops_per_token
         self.peak, self.basis = peak  # (FLOP/s of one device, "table:..." or "measured")
@@ -112,6 +112,8 @@ class MetricsLogger:
         self.identity = {}  # job_id, attempt, total_steps
         self.warned_mfu = False
         self._reset()
+        if is_main and (dropped := progress_log.drop_unfinished_last_line(self.path)):
+            log(f"{self.path}: dropped an unfinished last line ({dropped} bytes) left by a kill")
 
     def _reset(self) -> None:
         self.n, self.losses, self.tokens, self.positions, self.padding = 0, [], 0, 0, 0
@@ -156,17 +158,8 @@ class MetricsLogger:
         return p
 
     def write(self, p) -> None:
-        from google.protobuf import json_format
-
         if self.is_main:
-            line = json_format.MessageToJson(
-                p,
-                preserving_proto_field_name=True,
-                always_print_fields_with_no_presence=True,
-                indent=None,
-            )
-            with open(self.path, "a") as f:
-                f.write(line + "\n")
+            progress_log.append_progress(self.path, p)
             for sink in self.sinks:
                 sink(p)
 
@@ -187,17 +180,3 @@ class MetricsLogger:
             + (f" | skipped {p.skipped_steps}" if p.skipped_steps else "")
             + (f" | rollbacks {p.rollbacks}" if p.rollbacks else "")
         )
-
-
-def read_records(run_dir) -> list[dict]:
-    """Every record in `<run_dir>/metrics.jsonl`, in order (plots, tests, resume)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut short by a kill
-    return records

@@ -1,8 +1,8 @@
-import json
-
 import pytest
 
-from trainer.metrics import Goodput, MetricsLogger, read_records
+from protos import progress_pb2
+from protos.progress_log import LOG_NAME, append_progress, progress_line, read_progress_log
+from trainer.metrics import Goodput, MetricsLogger
 from trainer.plots import loss_curves, plot_loss
 
 
@@ -46,23 +46,42 @@ def test_a_record_averages_the_steps_since_the_last_and_has_every_field(tmp_path
     # Per device: 900 tokens/s x 1e6 FLOPs = 0.9 GFLOP/s of a 1 TFLOP/s peak.
     assert p.mfu == pytest.approx(9e-4) and p.tflops == pytest.approx(9e-4)
     assert p.mfu_basis == "measured" and p.padding_fraction == pytest.approx(0.1)
-    (record,) = read_records(tmp_path)
-    assert record["job_id"] == "j" and record["step"] == "2" and record["eval_loss"] == 0.0
+    (record,) = read_progress_log(tmp_path).records
+    assert record == p and record.job_id == "j" and record.step == 2
     assert "MFU 0.1% (measured)" in m.human_line(p)
 
 
 def test_loss_curves_keep_the_last_value_of_a_redone_step(tmp_path):
-    lines = [
-        {"phase": "train", "step": "1", "loss": 5.0, "tokens_per_second": 1.0},
-        {"phase": "train", "step": "2", "loss": 4.0, "tokens_per_second": 1.0},
-        {"phase": "train", "step": "2", "loss": 0.0, "tokens_per_second": 0.0},  # an event
-        {"phase": "train", "step": "2", "loss": 3.5, "tokens_per_second": 1.0},  # redone
-        {"phase": "eval", "step": "2", "eval_loss": 3.9},
-    ]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines) + "{cut")
-    train, heldout = loss_curves(read_records(tmp_path))
+    Progress = progress_pb2.Progress
+    for p in [
+        Progress(phase="train", step=1, loss=5.0, step_time_seconds=1.0),
+        Progress(phase="train", step=2, loss=4.0, step_time_seconds=1.0),
+        Progress(phase="train", step=2, message="checkpoint saved"),  # an event
+        Progress(phase="train", step=2, loss=3.5, step_time_seconds=1.0),  # redone
+        Progress(phase="eval", step=2, eval_loss=3.9),
+    ]:
+        append_progress(tmp_path / LOG_NAME, p)
+    with open(tmp_path / LOG_NAME, "a") as f:
+        f.write(progress_line(Progress(phase="train", step=3))[:10])  # being written
+    train, heldout = loss_curves(read_progress_log(tmp_path).records)
     assert train == {1: 5.0, 2: 3.5} and heldout == {2: 3.9}
     assert plot_loss(tmp_path).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_new_logger_drops_the_line_a_killed_attempt_left_unfinished(tmp_path):
+    said = []
+    append_progress(tmp_path / LOG_NAME, progress_pb2.Progress(phase="train", step=1))
+    fragment = '{"job_id": "j", "st'  # the attempt was killed while writing this line
+    with open(tmp_path / LOG_NAME, "a") as f:
+        f.write(fragment)
+    m = MetricsLogger(
+        tmp_path, is_main=True, model_flops_per_token=1e6, peak=(1e12, "measured"),
+        world_size=1, log=said.append,
+    )  # fmt: skip
+    assert len(said) == 1 and f"dropped an unfinished last line ({len(fragment)} bytes)" in said[0]
+    m.emit(step=2)
+    log = read_progress_log(tmp_path)
+    assert [r.step for r in log.records] == [1, 2] and log.warnings == []
 
 
 def test_an_mfu_above_the_calibrated_peak_is_flagged_once(tmp_path):

@@ -3,21 +3,17 @@
 import io
 from pathlib import Path
 
+from protos import progress_pb2
 from protos.files import write_atomic
-from trainer.metrics import read_records
+from protos.progress_log import is_eval, last_per_step, read_progress_log
 
 
-def loss_curves(records: list[dict]) -> tuple[dict, dict]:
-    """{step: loss} for train and for eval. A step logged twice (redone after a restart or a
-    rollback) keeps its latest value: the curve the final weights actually followed."""
-    train, heldout = {}, {}
-    for r in records:
-        step = int(r.get("step", 0))
-        if r.get("phase") == "train" and r.get("tokens_per_second"):
-            train[step] = float(r["loss"])
-        elif r.get("phase") == "eval":
-            heldout[step] = float(r["eval_loss"])
-    return dict(sorted(train.items())), dict(sorted(heldout.items()))
+def loss_curves(records: list[progress_pb2.Progress]) -> tuple[dict, dict]:
+    """{step: loss} for train and for eval, in step order. A step logged twice (redone after a
+    restart or a rollback) keeps its last value: the curve the final weights followed."""
+    train = {step: p.loss for step, p in last_per_step(records).items()}
+    heldout = {step: p.eval_loss for step, p in last_per_step(records, is_eval).items()}
+    return train, heldout
 
 
 def plot_loss(run_dir) -> Path | None:
@@ -27,7 +23,7 @@ def plot_loss(run_dir) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    train, heldout = loss_curves(read_records(run_dir))
+    train, heldout = loss_curves(read_progress_log(run_dir).records)
     if not train and not heldout:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)

@@ -7,7 +7,7 @@ import signal
 import torch
 
 from protos.exit_codes import ExitCode
-from trainer.metrics import read_records
+from protos.progress_log import read_progress_log
 from trainer.testing import (
     final_weights,
     run_trainer,
@@ -31,10 +31,10 @@ def test_sigterm_checkpoints_exits_75_and_resumes_exactly(tmp_path):
     process.send_signal(signal.SIGTERM)
     assert process.wait(60) == ExitCode.PREEMPTED, (tmp_path / "a.log").read_text()
 
-    records = read_records(run)
-    stopped_at = max(int(r["step"]) for r in records if r["phase"] == "train")
+    records = read_progress_log(run).records
+    stopped_at = max(r.step for r in records if r.phase == "train")
     assert stopped_at < STEPS, "the signal must land mid-run"
-    assert records[-1]["phase"] == "preempted"
+    assert records[-1].phase == "preempted"
     (saved,) = (run / "checkpoints").iterdir()
     assert json.loads((saved / "meta.json").read_text())["step"] == stopped_at
     assert "stop requested: saved" in (tmp_path / "a.log").read_text()

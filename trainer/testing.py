@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import yaml
 
-from trainer.metrics import read_records
+from protos.progress_log import is_training_step, read_progress_log
 
 
 def stdlib_package(name: str = "email") -> str:
@@ -91,7 +91,11 @@ def wait_for_step(run_dir, step: int, process: subprocess.Popen, timeout=60.0) -
     """Poll metrics.jsonl until a train record reaches `step`; the step seen."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        steps = [int(r["step"]) for r in read_records(run_dir) if r.get("phase") == "train"]
+        try:
+            records = read_progress_log(run_dir).records
+        except FileNotFoundError:  # no line written yet
+            records = []
+        steps = [r.step for r in records if r.phase == "train"]
         if steps and max(steps) >= step:
             return max(steps)
         if process.poll() is not None:
@@ -102,11 +106,7 @@ def wait_for_step(run_dir, step: int, process: subprocess.Popen, timeout=60.0) -
 
 def train_losses(run_dir) -> list[tuple[int, float]]:
     """(step, loss) of every logged train step, in the order written (repeats included)."""
-    return [
-        (int(r["step"]), float(r["loss"]))
-        for r in read_records(run_dir)
-        if r.get("phase") == "train" and r.get("tokens_per_second")
-    ]
+    return [(r.step, r.loss) for r in read_progress_log(run_dir).records if is_training_step(r)]
 
 
 def final_weights(run_dir) -> dict:

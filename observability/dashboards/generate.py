@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -18,6 +17,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from observability.dashboards import fleet_dashboard, run_dashboard
 from observability.queries import DASHBOARDS_DIR
+from protos.files import write_atomic
 
 BUILDERS = (run_dashboard, fleet_dashboard)
 
@@ -32,15 +32,6 @@ def to_json(board: Dashboard) -> str:
 def render_all() -> dict[str, str]:
     """File name -> JSON text of every dashboard."""
     return {f"{module.UID}.json": to_json(module.build()) for module in BUILDERS}
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as tmp:
-        tmp.write(text)
-        tmp.flush()
-        os.fsync(tmp.fileno())
-    os.chmod(tmp.name, 0o644)  # NamedTemporaryFile creates 0600; the JSON is for everyone
-    os.replace(tmp.name, path)
 
 
 def stale_files(directory: Path) -> list[str]:
@@ -68,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if stale else 0
     directory.mkdir(parents=True, exist_ok=True)
     for name, text in render_all().items():
-        _write_atomically(directory / name, text)
+        write_atomic(str(directory / name), text)
         print(f"{'wrote' if name in stale else 'unchanged'}: {directory / name}")
     return 0
 

@@ -27,6 +27,16 @@ def test_stale_json_is_detected(tmp_path):
     assert generate.stale_files(tmp_path) == ["kitchen-run.json"]
 
 
+def test_generate_writes_every_dashboard_into_the_workspace(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("BUILD_WORKSPACE_DIRECTORY", str(tmp_path))
+    written = tmp_path / "observability/grafana/dashboards"
+    assert generate.main(["--check"]) == 1 and not written.exists()
+    assert generate.main([]) == 0
+    assert generate.stale_files(written) == [] and generate.main(["--check"]) == 0
+    assert sorted(p.name for p in written.iterdir()) == sorted(generate.render_all())
+    assert capsys.readouterr().out.count("wrote: ") == len(generate.render_all())
+
+
 def test_every_panel_has_an_id_a_query_a_unit_and_help():
     for uid, board in boards().items():
         assert board["uid"] == uid
@@ -60,10 +70,10 @@ def test_run_dashboard_answers_is_my_run_healthy():
         "Gradient norm",
     } <= _titles(board)
     (variable,) = board["templating"]["list"]
-    assert variable["name"] == "job" and variable["multi"] and variable["includeAll"]
+    assert variable["name"] == "job_id" and variable["multi"] and variable["includeAll"]
     for panel in board["panels"]:
         for target in panel.get("targets", []):
-            assert 'job=~"$job"' in target["expr"], panel["title"]
+            assert 'job_id=~"$job_id"' in target["expr"], panel["title"]
 
 
 def test_fleet_dashboard_shows_queue_waits_states_and_pools():

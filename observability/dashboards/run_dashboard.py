@@ -1,4 +1,4 @@
-"""The run dashboard: is this training job healthy? One job or several, picked with $job."""
+"""The run dashboard: is this training job healthy? One job or several, picked with $job_id."""
 
 from grafana_foundation_sdk.builders import dashboard
 from grafana_foundation_sdk.models.dashboard import Dashboard
@@ -12,8 +12,8 @@ from observability.dashboards.panels import (
 )
 
 UID = "kitchen-run"
-JOB = 'job=~"$job"'
-LEGEND = "{{name}} ({{job}})"
+JOB = 'job_id=~"$job_id"'
+LEGEND = "{{name}} ({{job_id}})"
 
 
 def _series(metric: str) -> str:
@@ -21,10 +21,10 @@ def _series(metric: str) -> str:
 
 
 LOSS = _series("kitchen_train_loss")
-MFU = _series("job:kitchen_train_mfu_ratio:avg1m")
-TOKENS = _series("job:kitchen_train_tokens:rate1m")
-P50 = _series("job:kitchen_train_step_duration_seconds:p50_1m")
-P99 = _series("job:kitchen_train_step_duration_seconds:p99_1m")
+MFU = _series("job_id:kitchen_train_mfu_ratio:avg1m")
+TOKENS = _series("job_id:kitchen_train_tokens:rate1m")
+P50 = _series("job_id:kitchen_train_step_duration_seconds:p50_1m")
+P99 = _series("job_id:kitchen_train_step_duration_seconds:p99_1m")
 GOODPUT = _series("kitchen_train_goodput_ratio")
 MEMORY = _series("kitchen_train_peak_memory_bytes")
 RESTARTS = _series("kitchen_job_attempts_total") + " - 1"
@@ -43,7 +43,9 @@ def build() -> Dashboard:
             "One training run: loss, MFU, throughput, step time, goodput, memory, restarts. "
             "Guide: docs/observability.md",
         )
-        .with_variable(multi_value_variable("job", "Job", "label_values(kitchen_train_loss, job)"))
+        .with_variable(
+            multi_value_variable("job_id", "Job", "label_values(kitchen_train_loss, job_id)")
+        )
         .with_row(dashboard.Row("At a glance"))
         .with_panel(
             _glance(
