@@ -22,6 +22,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from protos import job_pb2
+from protos.enums import enum_name
 
 JOB_LABELS = ["job_id", "name", "kind", "pool", "team"]
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -57,16 +58,21 @@ class _JobSeries:
         self.finished_at = None
 
 
-def job_labels(job: job_pb2.Job) -> list:
-    kind = job_pb2.JobKind.Name(job.spec.kind).lower()
-    return [job.id, job.spec.name, kind, job.pool, job.spec.team]
+def job_labels(job: job_pb2.Job, names: bool = True) -> list:
+    """Label values of a job's series; without `names` the name label repeats the job id (a
+    shared launcher's /metrics does not tell every team what the others work on)."""
+    kind = enum_name(job.spec, "kind").lower()
+    return [job.id, job.spec.name if names else job.id, kind, job.pool, job.spec.team]
 
 
 class LauncherMetrics:
     """Holds the series; `fleet` is a callable giving the launcher-wide numbers at scrape."""
 
-    def __init__(self, retention_seconds: float, fleet=None, clock=time.time):
+    def __init__(
+        self, retention_seconds: float, fleet=None, clock=time.time, job_names: bool = True
+    ):
         self.registry = CollectorRegistry()
+        self.job_names = job_names
         self.retention = retention_seconds
         self.clock = clock
         self.fleet = fleet
@@ -90,7 +96,7 @@ class LauncherMetrics:
     def _series(self, job) -> _JobSeries:
         series = self._jobs.get(job.id)
         if series is None:
-            series = self._jobs[job.id] = _JobSeries(job_labels(job))
+            series = self._jobs[job.id] = _JobSeries(job_labels(job, self.job_names))
         return series
 
     def attempt_started(self, job: job_pb2.Job, waited_seconds: float):

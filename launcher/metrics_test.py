@@ -2,12 +2,15 @@
 
 import math
 import time
+import urllib.error
 import urllib.request
 
+import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from launcher.metrics import LauncherMetrics
+from launcher.server import Launcher
 from launcher.testdata import harness as h
 from protos import job_pb2, progress_pb2
 
@@ -137,3 +140,28 @@ def test_scrape_a_live_launcher(tmp_path):
     finally:
         client.close()
         launcher.stop()
+
+
+def test_a_shared_launchers_metrics_need_the_token_and_hide_job_names(tmp_path):
+    token_file = tmp_path / "metrics-token"
+    token_file.write_text("scrape-0123456789abcdef\n")
+    cfg = h.config(tmp_path, tokens_file=h.admin_tokens_file(tmp_path))
+    cfg.exposure.metrics_token_file = str(token_file)
+    launcher = Launcher(cfg).start()
+    try:
+        url = f"http://127.0.0.1:{launcher.metrics_port}/metrics"
+        for header in ({}, {"Authorization": "Bearer wrong"}):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(urllib.request.Request(url, headers=header), timeout=10)
+            assert err.value.code == 401 and b"kitchen_" not in err.value.read()
+        request = urllib.request.Request(
+            url, headers={"Authorization": "Bearer scrape-0123456789abcdef"}
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            assert b"kitchen_scheduler_pass_duration_seconds" in r.read()
+    finally:
+        launcher.stop()
+    hidden = LauncherMetrics(retention_seconds=60, job_names=False)
+    hidden.progress(make_job(), progress_pb2.Progress(attempt=1, step=1, step_time_seconds=0.1))
+    names = {dict(lbl).get("name") for _, lbl in samples(generate_latest(hidden.registry).decode())}
+    assert names == {None, "j7"}  # the job id stands where the name was

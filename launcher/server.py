@@ -20,9 +20,8 @@ import threading
 from concurrent import futures
 
 import grpc
-from prometheus_client import start_http_server
 
-from launcher import settings
+from launcher import metrics_http, settings
 from launcher.auth import AuthInterceptor, TokenAuth
 from launcher.controller import Controller
 from launcher.events import JobEvents
@@ -80,7 +79,9 @@ class Launcher:
         self.auth = TokenAuth(self.cfg.tokens_file) if self.cfg.tokens_file else None
         self.events = JobEvents()
         self.health = Health()
-        self.metrics = LauncherMetrics(self.cfg.metrics_retention_seconds)
+        self.metrics = LauncherMetrics(
+            self.cfg.metrics_retention_seconds, job_names=self.cfg.exposure.metrics_job_names
+        )
         self.server = grpc.server(
             futures.ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="kitchen-rpc"),
             interceptors=[AuthInterceptor(self.auth)] if self.auth else [],
@@ -118,8 +119,11 @@ class Launcher:
         self.controller.start()  # recover first: re-attach before serving
         self.server.start()
         if self.cfg.metrics_listen != "none":
-            host, port = _host_port(self.cfg.metrics_listen)
-            self._http, _ = start_http_server(port, host, registry=self.metrics.registry)
+            token = ""
+            if self.cfg.exposure.metrics_token_file:
+                with open(self.cfg.exposure.metrics_token_file, encoding="utf-8") as f:
+                    token = f.read().strip()
+            self._http = metrics_http.serve(self.metrics.registry, self.cfg.metrics_listen, token)
             self.metrics_port = self._http.server_port
         self._lock_file.seek(0)
         self._lock_file.truncate()
