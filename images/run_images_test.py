@@ -78,7 +78,7 @@ def check_imports(cache_dir, layout, modules, dists):
 def test_trainer_help(cache_dir, runtime):
     proc = run_image(cache_dir, TRAINER, "--", "--help", runtime=runtime)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "--config" in proc.stdout and "--spec" in proc.stdout and "--run-dir" in proc.stdout
+    assert "--config" in proc.stdout and "--attempt" in proc.stdout and "--run-dir" in proc.stdout
 
 
 def test_trainer_image_imports_the_locked_wheels(cache_dir):

@@ -103,6 +103,7 @@ def test_queued_job_says_why_it_waits(launcher, tmp_path):
     second = client.submit(h.spec("next"))
     third = client.submit(h.spec("after"))
     h.wait_for(client, third.id, [job_pb2.QUEUED])
+    h.wait_until(lambda: client.get(third.id).waiting_reason, "a pass has seen the third job")
     assert client.get(second.id).waiting_reason == "pool cpu full (1/1 nodes in use)"
     assert client.get(third.id).waiting_reason == f"behind {second.id} (priority 0) in pool cpu"
     for job in (first, second, third):

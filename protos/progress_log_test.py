@@ -19,10 +19,11 @@ from protos.progress_log import (
 
 
 def step(n: int, attempt: int = 1, **fields) -> progress_pb2.Progress:
-    values = dict(job_id="j-1", attempt=attempt, phase="train", step=n, loss=10.0 / n)
-    values.update(step_time_seconds=0.5, tokens_per_second=100.0)
-    values.update(fields)
-    return progress_pb2.Progress(**values)
+    p = progress_pb2.Progress(job_id="j-1", attempt=attempt, phase="train", step=n, loss=10.0 / n)
+    p.step_time_seconds, p.tokens_per_second = 0.5, 100.0
+    for name, value in fields.items():
+        setattr(p, name, value)
+    return p
 
 
 def write(path, records, tail: str = "") -> None:
