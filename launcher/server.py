@@ -32,7 +32,7 @@ from launcher.executors.slurm import SlurmExecutor
 from launcher.health import NOT_SERVING, Health
 from launcher.metrics import LauncherMetrics
 from launcher.service import LauncherService
-from launcher.store import JobStore
+from launcher.store import JobStore, StoreError
 from protos import launcher_pb2, launcher_pb2_grpc
 from protos.config_yaml import ConfigError, load_message
 
@@ -170,7 +170,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         launcher = Launcher(config_from_args(args)).start()
-    except (ConfigError, StateDirBusy, OSError) as e:
+    except (ConfigError, StateDirBusy, StoreError, OSError) as e:
         print(f"launcher: {e}", file=sys.stderr)
         return 2
     stopped = threading.Event()

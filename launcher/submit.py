@@ -24,6 +24,7 @@ from launcher.client import Client
 from launcher.live_view import EXIT_CODES, LiveView, follow
 from launcher.server import Launcher, StateDirBusy
 from launcher.settings import user_path
+from launcher.store import StoreError
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError, load_job_spec
 
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
             launcher = _embedded(args)
             client = Client(launcher.address)
         return _run(client, spec, args, embedded=launcher is not None)
-    except StateDirBusy as e:
+    except (StateDirBusy, StoreError) as e:
         print(f"submit: {e}", file=sys.stderr)
         return 2
     except grpc.RpcError as e:
