@@ -14,7 +14,7 @@ The launcher calls `plan` with `now` from its clock; tests call it with any `now
 Cost: a pass sorts the queue by one integer per job (computed when the job is queued) and
 applies the rules job by job only until every pool that still has queued jobs is blocked;
 the jobs behind can then only wait, and get their reasons in one sweep. The plan is the same
-as applying the rules to every job (scheduler_test checks it on random workloads).
+as applying the rules to every job (`plan_job_by_job`; scheduler_test compares them).
 """
 
 import collections
@@ -227,6 +227,15 @@ def plan(pools: dict, quotas: dict, pending, holdings, now: float) -> Plan:
             if not open_pools:
                 p.wait_in_blocked_pools(queue[i + 1 :])
                 break
+    return p.out
+
+
+def plan_job_by_job(pools: dict, quotas: dict, pending, holdings, now: float) -> Plan:
+    """The rules applied to every queued job in turn: the plain statement of what `plan`
+    computes (scheduler_test checks that they agree; the benchmark times both)."""
+    p = _Pass(pools, quotas, holdings, now)
+    for d in sorted(pending, key=lambda d: (-d.priority, d.seq)):
+        p.consider(d)
     return p.out
 
 

@@ -140,14 +140,6 @@ def test_hung():
     assert not scheduler.hung(last_sign_of_life=0, timeout=0, now=1e9)
 
 
-def rules_job_by_job(pools, quotas, pending, holdings, now):
-    """The reference: the rules applied to every queued job, one at a time, in queue order."""
-    p = scheduler._Pass(pools, quotas, holdings, now)
-    for d in sorted(pending, key=lambda d: (-d.priority, d.seq)):
-        p.consider(d)
-    return p.out
-
-
 def random_workload(rng: random.Random):
     pools = {}
     for i in range(rng.randint(1, 3)):
@@ -192,7 +184,7 @@ def test_plan_equals_the_rules_applied_job_by_job(monkeypatch):
     for seed in range(400):
         pools, quotas, pending, holdings = random_workload(random.Random(seed))
         fast = plan(pools, quotas, pending, holdings, now=100.0)
-        reference = rules_job_by_job(pools, quotas, pending, holdings, now=100.0)
+        reference = scheduler.plan_job_by_job(pools, quotas, pending, holdings, now=100.0)
         assert list(fast.start.items()) == list(reference.start.items()), seed
         assert fast.preempt == reference.preempt, seed
         assert list(fast.waiting.items()) == list(reference.waiting.items()), seed
