@@ -260,7 +260,7 @@ def machine():
 def command(p: argparse.ArgumentParser, args) -> str:
     """The command line that ran, without --out, and "(defaults)" only when it was that."""
     flags = [
-        f"--{name.replace('_', '-')} {value}"
+        f"--{name.replace('_', '-')} {f'{value:g}' if isinstance(value, float) else value}"
         for name, value in vars(args).items()
         if name != "out" and value != p.get_default(name)
     ]
