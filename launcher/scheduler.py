@@ -10,17 +10,24 @@ Rules (one pass, `plan`):
   the lowest priority first, the most recently started first, only as many as it needs, and
   only when stopping them makes it fit. While victims are stopping, nothing else is picked.
 The launcher calls `plan` with `now` from its clock; tests call it with any `now` they like.
+
+Cost: a pass sorts the queue by one integer per job (computed when the job is queued) and
+applies the rules job by job only until every pool that still has queued jobs is blocked;
+the jobs behind can then only wait, and get their reasons in one sweep. The plan is the same
+as applying the rules to every job (`plan_job_by_job`; scheduler_test compares them).
 """
 
+import collections
 import dataclasses
+import operator
 
 from protos import job_pb2
+from protos.exit_codes import ExitCode
 
-EXIT_BAD_CONFIG = 2  # trainer contract: the message names the field; retrying cannot help
-EXIT_PREEMPTED = 75  # trainer contract: SIGTERM received, checkpoint saved, clean exit
 DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF_SECONDS = 5.0
 DEFAULT_MAX_BACKOFF_SECONDS = 300.0
+_SEQ_SPAN = 1 << 63  # a Demand's seq is a SQLite rowid: always below 2**63
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +43,7 @@ class Quota:
     max_gpus: int
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Demand:
     """A queued job as the scheduler sees it."""
 
@@ -48,6 +55,17 @@ class Demand:
     nodes: int
     gpus_per_node: int  # on a GPU pool, 0 means every GPU of the node
     not_before: float = 0.0  # retry backoff (epoch seconds)
+    # Queue order (higher priority first, then seq) as one integer, computed once when the job
+    # is queued: a pass sorts plain ints, ~4x faster than (priority, seq) tuples, and creates
+    # no objects for the garbage collector to chase.
+    order: int = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "order", -self.priority * _SEQ_SPAN + self.seq)
+
+
+_QUEUE_ORDER = operator.attrgetter("order")
+_POOL = operator.attrgetter("pool")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,54 +139,103 @@ def _usage(holdings, pools):
     return nodes, gpus
 
 
-def plan(pools: dict, quotas: dict, pending, holdings, now: float) -> Plan:
-    """One scheduling pass. `pending` are Demands, `holdings` the running jobs' Holdings."""
-    by_pool = {name: [] for name in pools}
-    for h in holdings:
-        by_pool.setdefault(h.pool, []).append(h)
-    free = {name: _Free(pool, by_pool[name]) for name, pool in pools.items()}
-    team_nodes, team_gpus = _usage(holdings, pools)
-    blocked = {}  # pool -> reason every later job in it waits for
-    out = Plan(start={}, preempt=[], waiting={}, wake_at=None)
+class _Pass:
+    """One pass in progress: free capacity, each team's usage, blocked pools, the plan so far."""
 
-    for d in sorted(pending, key=lambda d: (-d.priority, d.seq)):
-        if d.not_before > now:
-            out.waiting[d.job_id] = f"retry backoff: starts in {d.not_before - now:.0f} s"
-            out.wake_at = d.not_before if out.wake_at is None else min(out.wake_at, d.not_before)
-            continue
-        if d.pool in blocked:
-            out.waiting[d.job_id] = blocked[d.pool]
-            continue
-        pool = pools[d.pool]
+    def __init__(self, pools: dict, quotas: dict, holdings, now: float):
+        self.pools, self.quotas, self.now = pools, quotas, now
+        self.by_pool = {name: [] for name in pools}
+        for h in holdings:
+            self.by_pool.setdefault(h.pool, []).append(h)
+        self.free = {name: _Free(pool, self.by_pool[name]) for name, pool in pools.items()}
+        self.team_nodes, self.team_gpus = _usage(holdings, pools)
+        self.blocked = {}  # pool -> reason every later job in it waits for
+        self.out = Plan(start={}, preempt=[], waiting={}, wake_at=None)
+
+    def consider(self, d: Demand):
+        """Applies the rules to `d`, the next job in queue order."""
+        out = self.out
+        if d.not_before > self.now:
+            self._back_off(d)
+            return
+        if d.pool in self.blocked:
+            out.waiting[d.job_id] = self.blocked[d.pool]
+            return
+        pool = self.pools[d.pool]
         per_node = gpus_needed(pool, d.gpus_per_node)
-        quota = quotas.get(d.team)
+        nodes_used, gpus_used = self.team_nodes.get(d.team, 0), self.team_gpus.get(d.team, 0)
+        quota = self.quotas.get(d.team)
         if quota is not None:
             over = []
-            if quota.max_nodes and team_nodes.get(d.team, 0) + d.nodes > quota.max_nodes:
-                over.append(f"{team_nodes.get(d.team, 0)}/{quota.max_nodes} nodes")
-            if quota.max_gpus and team_gpus.get(d.team, 0) + d.nodes * per_node > quota.max_gpus:
-                over.append(f"{team_gpus.get(d.team, 0)}/{quota.max_gpus} GPUs")
+            if quota.max_nodes and nodes_used + d.nodes > quota.max_nodes:
+                over.append(f"{nodes_used}/{quota.max_nodes} nodes")
+            if quota.max_gpus and gpus_used + d.nodes * per_node > quota.max_gpus:
+                over.append(f"{gpus_used}/{quota.max_gpus} GPUs")
             if over:
                 out.waiting[d.job_id] = f"team {d.team} quota: {', '.join(over)} in use"
-                continue
-        allocation = free[d.pool].fit(d.nodes, per_node)
+                return
+        free = self.free[d.pool]
+        allocation = free.fit(d.nodes, per_node)
         if allocation is not None:
-            free[d.pool].take(allocation)
+            free.take(allocation)
             out.start[d.job_id] = allocation
-            team_nodes[d.team] = team_nodes.get(d.team, 0) + d.nodes
-            team_gpus[d.team] = team_gpus.get(d.team, 0) + d.nodes * per_node
-            continue
-        victims = _victims(pool, free[d.pool], by_pool[d.pool], d, per_node)
+            self.team_nodes[d.team] = nodes_used + d.nodes
+            self.team_gpus[d.team] = gpus_used + d.nodes * per_node
+            return
+        victims = _victims(pool, free, self.by_pool[d.pool], d, per_node)
         out.preempt.extend(victims)
         unit = "GPUs" if pool.gpus_per_node else "nodes"
-        used = free[d.pool].in_use()
         total = pool.nodes * (pool.gpus_per_node or 1)
-        reason = f"pool {d.pool} full ({used}/{total} {unit} in use)"
+        reason = f"pool {d.pool} full ({free.in_use()}/{total} {unit} in use)"
         if victims:
             reason += f"; preempting {', '.join(victims)}"
         out.waiting[d.job_id] = reason
-        blocked[d.pool] = f"behind {d.job_id} (priority {d.priority}) in pool {d.pool}"
-    return out
+        self.blocked[d.pool] = f"behind {d.job_id} (priority {d.priority}) in pool {d.pool}"
+
+    def wait_in_blocked_pools(self, rest: list):
+        """`consider` for each of `rest` when all of them are in blocked pools, in bulk."""
+        now, blocked, waiting = self.now, self.blocked, self.out.waiting
+        backing_off = [d for d in rest if d.not_before > now]
+        for d in rest:
+            waiting[d.job_id] = blocked[d.pool]
+        for d in backing_off:  # replaces the reason in place: `waiting` stays in queue order
+            self._back_off(d)
+
+    def _back_off(self, d: Demand):
+        out = self.out
+        out.waiting[d.job_id] = f"retry backoff: starts in {d.not_before - self.now:.0f} s"
+        out.wake_at = d.not_before if out.wake_at is None else min(out.wake_at, d.not_before)
+
+
+def plan(pools: dict, quotas: dict, pending, holdings, now: float) -> Plan:
+    """One scheduling pass. `pending` are Demands, `holdings` the running jobs' Holdings.
+
+    The rules are applied job by job in queue order until every pool that still has queued
+    jobs is blocked; from there on a job can only wait (backoff, or behind its pool's first
+    blocked job), which is set for all of them at once. With 100,000 queued jobs and full
+    pools, that is one sort of plain integers and one dict, not 100,000 rule checks."""
+    p = _Pass(pools, quotas, holdings, now)
+    queue = sorted(pending, key=_QUEUE_ORDER)
+    left = collections.Counter(map(_POOL, queue))  # jobs not yet considered, per pool
+    open_pools = set(left)  # pools with jobs left that are not blocked
+    for i, d in enumerate(queue):
+        p.consider(d)
+        left[d.pool] -= 1
+        if not left[d.pool] or d.pool in p.blocked:
+            open_pools.discard(d.pool)
+            if not open_pools:
+                p.wait_in_blocked_pools(queue[i + 1 :])
+                break
+    return p.out
+
+
+def plan_job_by_job(pools: dict, quotas: dict, pending, holdings, now: float) -> Plan:
+    """The rules applied to every queued job in turn: the plain statement of what `plan`
+    computes (scheduler_test checks that they agree; the benchmark times both)."""
+    p = _Pass(pools, quotas, holdings, now)
+    for d in sorted(pending, key=lambda d: (-d.priority, d.seq)):
+        p.consider(d)
+    return p.out
 
 
 def _victims(pool: Pool, free: _Free, holdings, d: Demand, per_node: int) -> list:
@@ -200,7 +267,7 @@ def backoff_seconds(retry: job_pb2.RetryPolicy, failures: int) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class Outcome:
-    state: int  # job_pb2.JobState
+    state: job_pb2.JobState
     failed: bool  # this attempt counts as a failure
     preempted: bool
     not_before: float  # retry backoff when requeued after a failure, else 0
@@ -218,7 +285,9 @@ def after_exit(
         return Outcome(job_pb2.CANCELLED, False, False, 0.0, "cancelled")
     if never_started:
         return Outcome(job_pb2.QUEUED, False, False, 0.0, f"requeued: {detail}")
-    if stop == job_pb2.STOP_PREEMPT or (exit_code == EXIT_PREEMPTED and stop != job_pb2.STOP_HANG):
+    if stop == job_pb2.STOP_PREEMPT or (
+        exit_code == ExitCode.PREEMPTED and stop != job_pb2.STOP_HANG
+    ):
         who = "for a higher-priority job" if stop == job_pb2.STOP_PREEMPT else "by a SIGTERM"
         return Outcome(job_pb2.PREEMPTED, False, True, 0.0, f"preempted {who}; requeued")
     if stop == job_pb2.STOP_HANG:
@@ -229,7 +298,7 @@ def after_exit(
         what = f"exit code {exit_code}" + (f": {detail}" if detail else "")
     failures = job.failures + 1
     max_attempts = job.spec.retry.max_attempts or DEFAULT_MAX_ATTEMPTS
-    if exit_code == EXIT_BAD_CONFIG and stop != job_pb2.STOP_HANG:
+    if exit_code == ExitCode.BAD_CONFIG and stop != job_pb2.STOP_HANG:
         return Outcome(job_pb2.FAILED, True, False, 0.0, f"bad config ({what}); not retried")
     if failures >= max_attempts:
         return Outcome(

@@ -31,9 +31,10 @@ from launcher.executors.slurm import SlurmExecutor
 from launcher.health import NOT_SERVING, Health
 from launcher.metrics import LauncherMetrics
 from launcher.service import LauncherService
-from launcher.store import JobStore
+from launcher.store import JobStore, StoreError
 from protos import launcher_pb2, launcher_pb2_grpc
 from protos.config_yaml import ConfigError, load_message
+from protos.paths import user_path
 
 log = logging.getLogger("kitchen.launcher")
 MAX_WORKERS = 512  # gRPC handler threads: every progress stream, watch and followed log holds one
@@ -152,7 +153,7 @@ class Launcher:
 def config_from_args(args) -> launcher_pb2.LauncherConfig:
     cfg = launcher_pb2.LauncherConfig()
     if args.config:
-        load_message(settings.user_path(args.config), cfg)
+        load_message(user_path(args.config), cfg)
     for flag in ("listen", "metrics_listen", "state_dir", "tokens_file", "tls_cert", "tls_key"):
         if getattr(args, flag):
             setattr(cfg, flag, getattr(args, flag))
@@ -176,7 +177,7 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     try:
         launcher = Launcher(config_from_args(args)).start()
-    except (ConfigError, StateDirBusy, OSError) as e:
+    except (ConfigError, StateDirBusy, StoreError, OSError) as e:
         print(f"launcher: {e}", file=sys.stderr)
         return 2
     stopped = threading.Event()

@@ -14,7 +14,7 @@ import grpc
 from launcher import validation
 from launcher.auth import TokenAuth, bearer
 from launcher.controller import FINAL
-from launcher.store import PageTokenError
+from launcher.store import PageTokenError, RequestIdReused
 from protos import job_pb2, launcher_pb2, launcher_pb2_grpc
 from protos.config_yaml import ConfigError
 
@@ -72,7 +72,10 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
             pool = validation.validate(spec, self.cfg, self._team_of_job)
         except ConfigError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spec.{e.field}: {e.problem}")
-        job, _ = self.controller.submit(job_pb2.Job(spec=spec, pool=pool), request.request_id)
+        try:  # a request_id is scoped to the spec's team and owner (the caller's, with auth)
+            job, _ = self.controller.submit(job_pb2.Job(spec=spec, pool=pool), request.request_id)
+        except RequestIdReused as e:
+            context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
         return launcher_pb2.SubmitJobResponse(job=self.controller.overlay(job))
 
     def GetJob(self, request, context):

@@ -5,7 +5,7 @@ import threading
 import grpc
 import pytest
 
-from launcher import health
+from launcher import health, server
 from launcher.testdata import harness as h
 from protos import job_pb2
 
@@ -183,3 +183,49 @@ def test_health_serving_then_not_serving_on_shutdown(tmp_path):
     assert next(watch).status == health.NOT_SERVING  # seen before the server goes away
     stopper.join()
     client.close()
+
+
+def test_request_ids_are_scoped_to_the_caller_and_bound_to_the_spec(tmp_path):
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(
+        "tokens:\n"
+        "  - {token: alice-token, user: alice, team: nlp}\n"
+        "  - {token: bob-token, user: bob, team: vision}\n"
+    )
+    launcher = server.Launcher(h.config(tmp_path, tokens_file=str(tokens))).start()
+    alice = h.Client(launcher.address, token="alice-token")
+    bob = h.Client(launcher.address, token="bob-token")
+    try:
+        mine = alice.submit(h.spec("mine"), request_id="nightly")
+        theirs = bob.submit(h.spec("theirs"), request_id="nightly")
+        assert theirs.id != mine.id and theirs.run_dir != mine.run_dir
+        assert (theirs.spec.name, theirs.spec.team) == ("theirs", "vision")
+        assert alice.submit(h.spec("mine"), request_id="nightly").id == mine.id  # a retry
+        with pytest.raises(grpc.RpcError) as err:
+            alice.submit(h.spec("changed"), request_id="nightly")
+        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+        assert err.value.details() == (
+            f"request_id: 'nightly' was used for job {mine.id} with a different spec; "
+            "a new job needs a new request_id"
+        )
+        assert [j.id for j in bob.list().jobs] == [theirs.id]
+    finally:
+        alice.close()
+        bob.close()
+        launcher.stop()
+
+
+def test_a_launcher_refuses_a_lost_database_with_a_clear_message(tmp_path, capsys):
+    launcher, client = h.start(h.config(tmp_path))
+    job = client.submit(h.spec("ok", steps=1))  # its run dir is made when it is stored
+    client.close()
+    launcher.stop()
+    state = tmp_path / "state"
+    (state / "jobs.sqlite").unlink()
+    args = ["--state-dir", str(state), "--listen", "127.0.0.1:0", "--metrics-listen", "none"]
+    assert server.main(args) == 2
+    assert capsys.readouterr().err == (
+        f"launcher: {state / 'jobs.sqlite'}: missing, but {state / 'runs'} holds 1 job "
+        f"directory ({job.id} is the newest): refusing to reuse their ids; restore the "
+        f"database or move {state / 'runs'} away\n"
+    )

@@ -2,36 +2,75 @@
 
 A row holds the `kitchen.v1.Job` message plus the columns that lists filter and sort on.
 Writes use synchronous=FULL, so a state change that returned has reached the disk; readers
-(ListJobs, GetJob) never wait for the writer. Each thread gets its own connection.
+(ListJobs, GetJob) never wait for the writer. Each thread gets its own connection. A failed
+write raises SQLite's own error (e.g. "database or disk is full") and leaves the store usable.
+
+Job ids (`j<seq>`) are never given out twice, and neither are run directories:
+- The store gives each new job its run directory `<runs>/<id>/` (`runs/` beside the database)
+  and creates it in the same transaction, with an exclusive mkdir: a directory that already
+  exists is never handed to a second job.
+- The database holds a random store id (table `meta`), also written to `runs/store.json`.
+- On open, one scan of `runs/` finds the newest job directory. The store refuses a database
+  that is missing or empty (no schema) while `runs/` holds job directories (a lost database
+  would otherwise hand their ids, and their old `exit.json`, to new jobs), and one whose
+  store id is not the one `runs/store.json` names. A database restored from an older backup
+  is accepted; its next id is raised above the newest job directory.
+Idempotency keys (`request_id`) are scoped to the spec's team and owner, and bind the spec:
+the same key with another spec is an error, not the first job.
 """
 
 import base64
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
 import os
 import sqlite3
 import threading
+import time
+import uuid
 
 from protos import job_pb2
+from protos.files import write_json_atomic
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-  seq INTEGER PRIMARY KEY AUTOINCREMENT,
-  state INTEGER NOT NULL,
-  team TEXT NOT NULL,
-  owner TEXT NOT NULL,
-  pool TEXT NOT NULL,
-  request_id TEXT UNIQUE,
-  attempt_token TEXT NOT NULL DEFAULT '',
-  job BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
-CREATE INDEX IF NOT EXISTS jobs_team ON jobs (team, seq);
-"""
+log = logging.getLogger("kitchen.launcher")
+
+SCHEMA_VERSION = 2  # PRAGMA user_version; 1: before meta, scoped request ids and spec hashes
+_SCHEMA = (
+    """CREATE TABLE jobs (
+      seq INTEGER PRIMARY KEY AUTOINCREMENT,
+      state INTEGER NOT NULL,
+      team TEXT NOT NULL,
+      owner TEXT NOT NULL,
+      pool TEXT NOT NULL,
+      request_id TEXT,  -- NULL: none given (NULLs never collide in a UNIQUE index)
+      spec_sha256 TEXT,  -- with a request_id: the spec it was given with
+      attempt_token TEXT NOT NULL DEFAULT '',
+      job BLOB NOT NULL
+    )""",
+    "CREATE UNIQUE INDEX jobs_request ON jobs (team, owner, request_id)",
+    "CREATE INDEX jobs_state ON jobs (state, seq)",
+    "CREATE INDEX jobs_team ON jobs (team, seq)",
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    f"PRAGMA user_version = {SCHEMA_VERSION}",
+)
 UNFINISHED = (job_pb2.QUEUED, job_pb2.STARTING, job_pb2.RUNNING, job_pb2.PREEMPTED)
 MAX_PAGE_SIZE = 1000
+RUNS = "runs"  # beside the database: one directory per job, named by its id
+STORE_MARKER = "store.json"  # in runs/: {"store_id": ...}, the database it belongs to
 
 
 class PageTokenError(ValueError):
     pass
+
+
+class StoreError(RuntimeError):
+    """The database cannot be used as it is; the message names the file and what to do."""
+
+
+class RequestIdReused(ValueError):
+    """A request_id seen before with a different spec."""
 
 
 def job_id(seq: int) -> str:
@@ -44,17 +83,168 @@ def seq_of(job_id: str) -> int | None:
     return int(job_id[1:])
 
 
+def spec_sha256(spec: job_pb2.JobSpec) -> str:
+    return hashlib.sha256(spec.SerializeToString(deterministic=True)).hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class JobDirs:
+    """What `runs/` holds: the number of job directories and the highest seq among them."""
+
+    count: int
+    newest: int  # 0: none
+
+    @classmethod
+    def scan(cls, runs_dir: str) -> "JobDirs":
+        count = newest = 0
+        try:
+            entries = os.scandir(runs_dir)
+        except FileNotFoundError:
+            return cls(0, 0)
+        with entries:
+            for entry in entries:
+                seq = seq_of(entry.name)
+                if seq is not None:
+                    count += 1
+                    newest = max(newest, seq)
+        return cls(count, newest)
+
+    def __str__(self) -> str:
+        dirs = "directory" if self.count == 1 else "directories"
+        return f"{self.count} job {dirs} ({job_id(self.newest)} is the newest)"
+
+
 class JobStore:
     def __init__(self, path: str, durable: bool = True):
-        """durable=False skips fsync (bulk fills in benchmarks); the launcher never uses it."""
+        """Opens (or creates) the database at `path`; run directories go to `runs/` beside it.
+        durable=False skips fsync (bulk fills in benchmarks); the launcher never uses it."""
         self.path = path
+        self.runs_dir = os.path.join(os.path.dirname(os.path.abspath(path)), RUNS)
         self.synchronous = "FULL" if durable else "OFF"
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        os.makedirs(self.runs_dir, exist_ok=True)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._connections = []
-        with self._db() as db:
-            db.executescript(_SCHEMA)
+        dirs = JobDirs.scan(self.runs_dir)
+        if dirs.count and not os.path.exists(path):
+            raise StoreError(
+                f"{path}: missing, but {self.runs_dir} holds {dirs}: refusing to reuse their "
+                f"ids; restore the database or move {self.runs_dir} away"
+            )
+        try:
+            self.store_id = self._open_schema(dirs)
+            self._check_identity(dirs)
+            self._ids_above(dirs.newest)
+        except sqlite3.DatabaseError as e:
+            self.close()
+            raise StoreError(
+                f"{path}: not a usable job database ({e}); restore it from a backup or move it away"
+            ) from e
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_schema(self, dirs: JobDirs) -> str:
+        """Creates or migrates the schema; returns the store id."""
+        db = self._db()
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
+        if version > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: schema version {version} is newer than this launcher's "
+                f"({SCHEMA_VERSION}): run the launcher that wrote it, or a newer one"
+            )
+        if not tables:
+            if dirs.count:
+                raise StoreError(
+                    f"{self.path}: empty, but {self.runs_dir} holds {dirs}: refusing to reuse "
+                    f"their ids; restore the database or move {self.runs_dir} away"
+                )
+            with self._transaction() as db:
+                for statement in _SCHEMA:
+                    db.execute(statement)
+                return self._new_identity(db)
+        if "jobs" not in tables:
+            raise StoreError(f"{self.path}: a SQLite database, but not a job store (no jobs table)")
+        if version < SCHEMA_VERSION:
+            return self._migrate_v1()
+        row = db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
+        if row is None:
+            raise StoreError(f"{self.path}: no store id in table meta; restore it from a backup")
+        return row[0]
+
+    def _new_identity(self, db) -> str:
+        store_id = uuid.uuid4().hex
+        db.executemany(
+            "INSERT INTO meta (key, value) VALUES (?, ?)",
+            [("store_id", store_id), ("created", time.strftime("%Y-%m-%dT%H:%M:%S%z"))],
+        )
+        return store_id
+
+    def _migrate_v1(self) -> str:
+        """Version 1 (request_id unique across all teams, no spec hash, no store id) to 2."""
+        with self._transaction() as db:
+            (sequence,) = db.execute(
+                "SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'jobs'"
+            ).fetchone()
+            db.execute("DROP INDEX IF EXISTS jobs_state")
+            db.execute("DROP INDEX IF EXISTS jobs_team")
+            db.execute("ALTER TABLE jobs RENAME TO jobs_v1")
+            for statement in _SCHEMA:
+                db.execute(statement)
+            db.execute(
+                "INSERT INTO jobs (seq, state, team, owner, pool, request_id, attempt_token, job) "
+                "SELECT seq, state, team, owner, pool, request_id, attempt_token, job FROM jobs_v1"
+            )
+            rows = db.execute("SELECT seq, job FROM jobs WHERE request_id IS NOT NULL").fetchall()
+            db.executemany(
+                "UPDATE jobs SET spec_sha256 = ? WHERE seq = ?",
+                [(spec_sha256(job_pb2.Job.FromString(blob).spec), seq) for seq, blob in rows],
+            )
+            db.execute("DROP TABLE jobs_v1")
+            self._set_sequence(db, sequence)
+            log.info("%s: schema migrated from version 1 to %d", self.path, SCHEMA_VERSION)
+            return self._new_identity(db)
+
+    def _check_identity(self, dirs: JobDirs):
+        marker = os.path.join(self.runs_dir, STORE_MARKER)
+        try:
+            with open(marker) as f:
+                owner = json.load(f)["store_id"]
+        except FileNotFoundError:
+            owner = None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise StoreError(f"{marker}: unreadable ({e!r}); it names the database of runs/") from e
+        if owner == self.store_id:
+            return
+        if owner is not None and dirs.count:
+            raise StoreError(
+                f"{self.path}: store {self.store_id}, but {marker} gives {self.runs_dir} "
+                f"({dirs}) to store {owner}: this is not their database; restore the right one "
+                f"or move {self.runs_dir} away"
+            )
+        write_json_atomic(marker, {"store_id": self.store_id})
+
+    def _ids_above(self, newest: int):
+        """New ids continue above the newest job directory (a database restored from a backup
+        does not know the jobs made after it)."""
+        with self._transaction() as db:
+            (sequence,) = db.execute(
+                "SELECT coalesce(max(seq), 0) FROM sqlite_sequence WHERE name = 'jobs'"
+            ).fetchone()
+            if newest > sequence:
+                log.warning(
+                    "%s: its newest id is %s, but %s exists (restored from a backup?): new ids "
+                    "start at %s",
+                    self.path, job_id(sequence), os.path.join(self.runs_dir, job_id(newest)),
+                    job_id(newest + 1),
+                )  # fmt: skip
+                self._set_sequence(db, newest)
+
+    @staticmethod
+    def _set_sequence(db, sequence: int):
+        db.execute("DELETE FROM sqlite_sequence WHERE name = 'jobs'")
+        db.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('jobs', ?)", (sequence,))
 
     def _db(self) -> sqlite3.Connection:
         db = getattr(self._local, "db", None)
@@ -62,12 +252,30 @@ class JobStore:
             db = sqlite3.connect(
                 self.path, timeout=30, isolation_level=None, check_same_thread=False
             )
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(f"PRAGMA synchronous={self.synchronous}")
-            self._local.db = db
             with self._lock:
                 self._connections.append(db)
+            self._local.db = db
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(f"PRAGMA synchronous={self.synchronous}")
         return db
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """BEGIN IMMEDIATE ... COMMIT; on any error, ROLLBACK if SQLite has not already rolled
+        back itself (it does on SQLITE_FULL: a second ROLLBACK would replace the real error)."""
+        db = self._db()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    log.exception("%s: ROLLBACK failed; reconnecting", self.path)
+                    self._local.db = None  # this thread's next call opens a fresh connection
+            raise
 
     def close(self):
         with self._lock:
@@ -77,34 +285,60 @@ class JobStore:
         self._local = threading.local()
 
     def insert(self, job: job_pb2.Job, request_id="", on_id=None) -> tuple[job_pb2.Job, bool]:
-        """Stores a new job and gives it its id (then `on_id(job)` may fill fields derived from
-        it). With a request_id seen before, returns the job stored the first time instead
-        (second value False)."""
-        db = self._db()
-        db.execute("BEGIN IMMEDIATE")
+        """Stores a new job and gives it its id and run directory (created here; then
+        `on_id(job)` may fill fields derived from them). With a request_id its team and owner
+        used before for the same spec, returns the job stored the first time instead (second
+        value False); for another spec, raises RequestIdReused."""
+        digest = spec_sha256(job.spec) if request_id else None
+        run_dir = None
         try:
-            if request_id:
-                row = db.execute(
-                    "SELECT job FROM jobs WHERE request_id = ?", (request_id,)
-                ).fetchone()
-                if row:
-                    db.execute("COMMIT")
-                    return job_pb2.Job.FromString(row[0]), False
-            cur = db.execute(
-                "INSERT INTO jobs (state, team, owner, pool, request_id, job) VALUES (?,?,?,?,?,?)",
-                (job.state, job.spec.team, job.spec.owner, job.pool, request_id or None, b""),
-            )
-            job.id = job_id(cur.lastrowid)
-            if on_id is not None:
-                on_id(job)
-            db.execute(
-                "UPDATE jobs SET job = ? WHERE seq = ?", (job.SerializeToString(), cur.lastrowid)
-            )
-            db.execute("COMMIT")
+            with self._transaction() as db:
+                if request_id:
+                    row = db.execute(
+                        "SELECT spec_sha256, job FROM jobs "
+                        "WHERE team = ? AND owner = ? AND request_id = ?",
+                        (job.spec.team, job.spec.owner, request_id),
+                    ).fetchone()
+                    if row:
+                        first = job_pb2.Job.FromString(row[1])
+                        if row[0] != digest:
+                            raise RequestIdReused(
+                                f"request_id: {request_id!r} was used for job {first.id} with "
+                                "a different spec; a new job needs a new request_id"
+                            )
+                        return first, False
+                seq, run_dir = self._claim(db, job, request_id, digest)
+                job.id, job.run_dir = job_id(seq), run_dir
+                if on_id is not None:
+                    on_id(job)
+                if job.run_dir != run_dir:
+                    raise ValueError(f"on_id moved run_dir to {job.run_dir}: the store owns it")
+                db.execute("UPDATE jobs SET job = ? WHERE seq = ?", (job.SerializeToString(), seq))
         except BaseException:
-            db.execute("ROLLBACK")
+            if run_dir is not None:
+                with contextlib.suppress(OSError):  # a leftover only makes ids skip one
+                    os.rmdir(run_dir)
             raise
         return job, True
+
+    def _claim(self, db, job: job_pb2.Job, request_id: str, digest: str | None):
+        """A new row and its run directory; an id whose directory exists already is skipped.
+        The mkdir is not fsynced: the committed row is the durable record, and a directory
+        lost in a crash is made again when the job starts."""
+        while True:
+            seq = db.execute(
+                "INSERT INTO jobs (state, team, owner, pool, request_id, spec_sha256, job) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (job.state, job.spec.team, job.spec.owner, job.pool, request_id or None, digest,
+                 b""),
+            ).lastrowid  # fmt: skip
+            run_dir = os.path.join(self.runs_dir, job_id(seq))
+            try:
+                os.mkdir(run_dir)
+                return seq, run_dir
+            except FileExistsError:
+                log.warning("%s exists, but no job has that id: skipping it", run_dir)
+                db.execute("DELETE FROM jobs WHERE seq = ?", (seq,))  # the sequence stays
 
     def update(self, job: job_pb2.Job, attempt_token: str | None = None):
         """Writes the job's new state durably (and the attempt's token when given)."""

@@ -21,6 +21,7 @@ import grpc
 from launcher.client import Client
 from launcher.live_view import EXIT_CODES, LiveView, follow
 from launcher.server import Launcher, StateDirBusy
+from launcher.store import StoreError
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError, load_job_spec
 from protos.exit_codes import ExitCode
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
             launcher = _embedded(args)
             client = Client(launcher.address)
         return _run(client, spec, args, embedded=launcher is not None)
-    except StateDirBusy as e:
+    except (StateDirBusy, StoreError) as e:
         print(f"submit: {e}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     except grpc.RpcError as e:

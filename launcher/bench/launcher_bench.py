@@ -7,11 +7,14 @@
 2. ListJobs with 10,000 jobs stored while 100 submissions/s arrive (goal: p99 <= 50 ms):
    newest-100 pages, state-filtered and team-filtered pages, from 4 client threads.
 3. One scheduling pass over 10,000 pending jobs (goal: <= 50 ms): the pure `scheduler.plan`
-   and the launcher's whole pass (`Controller._schedule`: holdings, plan, waiting reasons).
+   beside `scheduler.plan_job_by_job` (the same rules applied to every job, which `plan`
+   must equal), and the launcher's whole pass (`Controller._schedule`: holdings, plan,
+   waiting reasons).
 Results are medians and 99th percentiles of the samples taken here, printed as Markdown.
 """
 
 import argparse
+import functools
 import os
 import platform
 import sys
@@ -27,6 +30,7 @@ from launcher.metrics import LauncherMetrics
 from launcher.server import Launcher
 from launcher.store import JobStore
 from protos import job_pb2, launcher_pb2
+from protos.paths import user_path
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]  # ignores the trainer flags
 TEAMS = ["nlp", "vision", "speech", "infra"]
@@ -82,10 +86,10 @@ def submit_to_running(tmp, n):
 
 
 def fill_store(path, n, state, team_of=lambda i: TEAMS[i % len(TEAMS)], pool="cpu"):
-    store = JobStore(path, durable=False)
+    store = JobStore(path, durable=False)  # each job's run dir is made, as for a real one
     for i in range(n):
         job = job_pb2.Job(spec=spec(f"old-{i}", team_of(i), priority=i % 3), state=state, pool=pool)
-        store.insert(job, on_id=lambda j: setattr(j, "run_dir", f"/nonexistent/{j.id}"))
+        store.insert(job)
     store.close()
 
 
@@ -166,6 +170,15 @@ def timed(repeats, call):
     return samples
 
 
+def alternating(repeats, calls: dict) -> dict:
+    """{name: durations} of calls made in turn, so that each sees the same machine load."""
+    samples = {name: [] for name in calls}
+    for _ in range(repeats):
+        for name, call in calls.items():
+            samples[name] += timed(1, call)
+    return samples
+
+
 def scheduler_passes(tmp, pending, repeats):
     """{scenario: pass durations} for `pending` queued jobs over three pools and four teams."""
     pools = {
@@ -187,15 +200,22 @@ def scheduler_passes(tmp, pending, repeats):
         for p in names
         for n in range(pools[p].nodes)
     ]
-    out = {}
-    plan = scheduler.plan
-    out["scheduler.plan, pools full (all wait)"] = timed(
-        repeats, lambda: plan(pools, quotas, demands, full, now=1.0)
-    )
-    admitted = len(plan(pools, quotas, demands, [], now=1.0).start)
-    out[f"scheduler.plan, pools empty ({admitted} admitted, the rest wait)"] = timed(
-        repeats, lambda: plan(pools, quotas, demands, [], now=1.0)
-    )
+    out, ratios = {}, {}
+    admitted = len(scheduler.plan(pools, quotas, demands, [], now=1.0).start)
+    for holdings, case in (
+        (full, "pools full (all wait)"),
+        ([], f"pools empty ({admitted} admitted, the rest wait)"),
+    ):
+        calls = {
+            f"scheduler.{plan.__name__}, {case}": functools.partial(
+                plan, pools, quotas, demands, holdings, now=1.0
+            )
+            for plan in (scheduler.plan, scheduler.plan_job_by_job)
+        }
+        samples = alternating(repeats, calls)
+        fast, reference = samples.values()
+        ratios[case.split(" (")[0]] = pct(reference, 50) / pct(fast, 50)
+        out.update(samples)
 
     state_dir = os.path.join(tmp, "pending")
     os.makedirs(state_dir)
@@ -214,7 +234,7 @@ def scheduler_passes(tmp, pending, repeats):
     # The first pass after a start finds every waiting reason new and publishes it to
     # watchers; later passes find them unchanged. Forgetting the reasons repeats the first.
     def first_pass():
-        controller._waiting = {}
+        controller.jobs.set_waiting({})
         controller._schedule(time.time())
 
     out[f"the launcher's whole pass, first after start ({pending:,} reasons published)"] = timed(
@@ -224,7 +244,7 @@ def scheduler_passes(tmp, pending, repeats):
         repeats, lambda: controller._schedule(time.time())
     )
     store.close()
-    return out
+    return out, ratios
 
 
 def machine():
@@ -238,6 +258,18 @@ def machine():
     return f"{cpu}, {os.cpu_count()} CPUs, load average {load}; Python {platform.python_version()}"
 
 
+def command(p: argparse.ArgumentParser, args) -> str:
+    """The command line that ran, without --out, and "(defaults)" only when it was that."""
+    flags = [
+        f"--{name.replace('_', '-')} {f'{value:g}' if isinstance(value, float) else value}"
+        for name, value in vars(args).items()
+        if name != "out" and value != p.get_default(name)
+    ]
+    if not flags:
+        return "`bazel run //launcher/bench:launcher_bench` (defaults)"
+    return f"`bazel run //launcher/bench:launcher_bench -- {' '.join(flags)}`"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", help="also write the Markdown here")
@@ -247,6 +279,7 @@ def main():
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--pending", type=int, default=10_000)
     args = p.parse_args()
+    load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     with tempfile.TemporaryDirectory(prefix="kitchen-bench-") as tmp:
         print(f"1/3 submit-to-RUNNING, {args.idle_jobs} jobs one at a time ...", flush=True)
         idle, idle_server = submit_to_running(tmp, args.idle_jobs)
@@ -257,7 +290,7 @@ def main():
             tmp, args.stored, args.rate, args.seconds
         )
         print(f"3/3 scheduling passes over {args.pending:,} pending jobs ...", flush=True)
-        passes_by_kind = scheduler_passes(tmp, args.pending, repeats=50)
+        passes_by_kind, ratios = scheduler_passes(tmp, args.pending, repeats=50)
 
     all_lists = [t for v in lists.values() for t in v]
     rows = [
@@ -289,8 +322,9 @@ def main():
         "# Launcher benchmark",
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M %Z')} on {machine()}.",
-        f"Command: `bazel run //launcher/bench:launcher_bench` (defaults). Store prefill of "
-        f"{args.stored:,} jobs took {fill:.1f} s (no fsync). The live launcher ran "
+        f"Load average when it began {load_before} (other sessions share these CPUs).",
+        f"Command: {command(p, args)}. Store prefill of {args.stored:,} jobs took {fill:.1f} s "
+        "(no fsync; one run dir each). The live launcher ran "
         f"{passes:.0f} scheduling passes under load, {ms(pass_sum / max(passes, 1))} each on "
         "average (its own `kitchen_scheduler_pass_duration_seconds`).",
         "",
@@ -298,11 +332,15 @@ def main():
         "| --- | ---: | ---: | ---: | --- |",
         *[f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows],
         "",
+        "Side by side (calls alternating), p50 of `plan_job_by_job` / p50 of `plan`: "
+        + "; ".join(f"{case} {ratio:.1f}x" for case, ratio in ratios.items())
+        + ".",
+        "",
     ]
     text = "\n".join(lines)
     print(text)
     if args.out:
-        out = settings.user_path(args.out)
+        out = user_path(args.out)
         with open(out + ".tmp", "w") as f:
             f.write(text)
         os.replace(out + ".tmp", out)
