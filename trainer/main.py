@@ -79,6 +79,13 @@ def precook(cfg, cache: str, env, log):
     from trainer.data.precook import precook_dataset
 
     if env.is_main:
+        try:
+            os.makedirs(cache, exist_ok=True)
+        except OSError as e:
+            raise BadInput(
+                f"trainer.data.cache_dir: cannot create the precook cache {cache}: {e.strerror} "
+                f"(set data.cache_dir, or {paths.STATE_DIR_ENV} for the state dir)"
+            ) from e
         log(f"precook: {cfg.data.input or 'the Python standard library'} -> cache {cache}")
         ds = precook_dataset(cfg.data, cache, show_progress=True)
     distributed.barrier()
