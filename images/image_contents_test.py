@@ -22,7 +22,9 @@ def scan_layer(layout: str, digest: str) -> tuple[list[str], dict[str, str]]:
         for member in tar:
             names.append(member.name)
             if member.name.endswith(".dist-info/RECORD"):
-                records[member.name] = tar.extractfile(member).read().decode()
+                record = tar.extractfile(member)
+                assert record is not None, f"{member.name} is not a regular file"
+                records[member.name] = record.read().decode()
     return names, records
 
 
@@ -83,7 +85,9 @@ def test_dependency_layers_carry_deterministic_bytecode(images):
     _, manifest, _ = images["trainer"]
     with tarfile.open(oci.blob_path(LAYOUTS["trainer"], manifest["layers"][1]["digest"])) as tar:
         member = tar.getmember(f"{SITE}torch/__pycache__/__init__.cpython-311.pyc")
-        header = tar.extractfile(member).read(16)
+        pyc = tar.extractfile(member)
+        assert pyc is not None, f"{member.name} is not a regular file"
+        header = pyc.read(16)
     flags = int.from_bytes(header[4:8], "little")
     assert flags == 0b11, "checked-hash .pyc (PEP 552): valid without file timestamps"
 

@@ -77,7 +77,7 @@ class Controller:
         self.pools = {p.name: scheduler.Pool(p.name, p.nodes, p.gpus_per_node) for p in cfg.pools}
         self.quotas = {q.team: scheduler.Quota(q.max_nodes, q.max_gpus) for q in cfg.quotas}
         self.jobs = UnfinishedJobs()
-        self._inbox = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[Submitted | CancelRequest] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._holds = Holds()
         self._errors = ErrorLog(log)
@@ -109,7 +109,7 @@ class Controller:
 
     def cancel(self, job_id: str, timeout: float = 30.0) -> job_pb2.Job:
         """Returns once the cancel is stored (a running job is then being stopped)."""
-        done = concurrent.futures.Future()
+        done: concurrent.futures.Future[job_pb2.Job] = concurrent.futures.Future()
         self._inbox.put(CancelRequest(job_id, done))
         self._wake.set()
         return done.result(timeout)

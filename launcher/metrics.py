@@ -77,7 +77,7 @@ class LauncherMetrics:
         self.clock = clock
         self.fleet = fleet
         self._lock = threading.Lock()
-        self._jobs = {}
+        self._jobs: dict[str, _JobSeries] = {}
         self.queue_wait = Histogram(
             "kitchen_job_queue_wait_seconds",
             "Time from entering the queue to starting, per attempt.",

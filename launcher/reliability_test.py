@@ -13,7 +13,6 @@ import yaml
 from google.protobuf import json_format
 
 from launcher import health
-from launcher.executors.base import read_json
 from launcher.testdata import harness as h
 from protos import job_pb2
 
@@ -35,7 +34,7 @@ class LauncherProcess:
         )
         self.address = cfg.listen
         self.log = open(tmp_path / "launcher.log", "ab")  # noqa: SIM115
-        self.proc = None
+        self.proc: subprocess.Popen | None = None
 
     def start(self):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -55,6 +54,7 @@ class LauncherProcess:
                 time.sleep(0.1)
 
     def kill9(self):
+        assert self.proc is not None, "kill9 before start"
         self.proc.kill()
         self.proc.wait()
 
@@ -107,7 +107,7 @@ def test_kill9_trainer_is_retried_from_its_checkpoint(tmp_path):
         h.behave(tmp_path, "victim", steps=16, step_seconds=0.08, checkpoint_every=4)
         job = client.submit(h.spec("victim"))
         h.wait_for_step(client, job.id, 6)
-        pids = read_json(os.path.join(job.run_dir, "attempts", "001", "pid.json"))
+        pids = h.written_json(os.path.join(job.run_dir, "attempts", "001", "pid.json"))
         os.kill(pids["child_pgid"], signal.SIGKILL)
         reasons = {u.exit_reason for u in client.watch(job.id)}
         done = client.get(job.id)
@@ -151,7 +151,7 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path):
         low_done = h.wait_for(client, low.id, h.FINAL)
         assert high_done.state == low_done.state == job_pb2.SUCCEEDED
         assert (low_done.attempts, low_done.preemptions, low_done.failures) == (2, 1, 0)
-        preempted_at = read_json(os.path.join(low.run_dir, "attempts", "001", "exit.json"))
+        preempted_at = h.written_json(os.path.join(low.run_dir, "attempts", "001", "exit.json"))
         assert preempted_at["code"] == 75
         assert high_done.started.ToNanoseconds() / 1e9 >= preempted_at["finished"] - 0.01
         assert_each_step_once(low_done, attempts=(1, 2))
@@ -172,7 +172,7 @@ def test_retries_back_off_then_fail_with_the_log_line(tmp_path):
         assert "RuntimeError: crash at step 2 as told" in done.exit_reason
         assert done.exit_reason.endswith("(failure 3 of 3)")
         ends = [
-            read_json(os.path.join(job.run_dir, "attempts", f"{n:03d}", "exit.json"))
+            h.written_json(os.path.join(job.run_dir, "attempts", f"{n:03d}", "exit.json"))
             for n in (1, 2)
         ]
         starts = [

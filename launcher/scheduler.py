@@ -132,7 +132,8 @@ def gpus_needed(pool: Pool, gpus_per_node: int) -> int:
 
 
 def _usage(holdings, pools):
-    nodes, gpus = {}, {}
+    nodes: dict[str, int] = {}  # team -> nodes held
+    gpus: dict[str, int] = {}  # team -> GPUs held
     for h in holdings:
         nodes[h.team] = nodes.get(h.team, 0) + len(h.allocation)
         gpus[h.team] = gpus.get(h.team, 0) + sum(len(g) for _, g in h.allocation)
@@ -144,12 +145,12 @@ class _Pass:
 
     def __init__(self, pools: dict, quotas: dict, holdings, now: float):
         self.pools, self.quotas, self.now = pools, quotas, now
-        self.by_pool = {name: [] for name in pools}
+        self.by_pool: dict[str, list[Holding]] = {name: [] for name in pools}
         for h in holdings:
             self.by_pool.setdefault(h.pool, []).append(h)
         self.free = {name: _Free(pool, self.by_pool[name]) for name, pool in pools.items()}
         self.team_nodes, self.team_gpus = _usage(holdings, pools)
-        self.blocked = {}  # pool -> reason every later job in it waits for
+        self.blocked: dict[str, str] = {}  # pool -> reason every later job in it waits for
         self.out = Plan(start={}, preempt=[], waiting={}, wake_at=None)
 
     def consider(self, d: Demand):

@@ -18,6 +18,7 @@ import signal
 import sys
 import threading
 from concurrent import futures
+from wsgiref.simple_server import WSGIServer
 
 import grpc
 
@@ -102,8 +103,8 @@ class Launcher:
         service = LauncherService(self.cfg, self.store, self.controller, self.events, self.auth)
         launcher_pb2_grpc.add_LauncherServicer_to_server(service, self.server)
         self.server.add_generic_rpc_handlers((self.health.handler(),))
-        self.metrics_port = None
-        self._http = None
+        self.metrics_port: int | None = None
+        self._http: WSGIServer | None = None
 
     def _bind(self) -> int:
         if self.cfg.tls_cert:

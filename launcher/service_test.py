@@ -22,7 +22,7 @@ def test_submit_runs_to_success_with_watch_and_logs(launcher, tmp_path):
     _, client = launcher
     job = client.submit(h.spec("ok", steps=4))
     assert job.state == job_pb2.QUEUED and job.run_dir.endswith(f"runs/{job.id}")
-    states = []
+    states: list[job_pb2.JobState] = []
     for update in client.watch(job.id):
         if not states or states[-1] != update.state:
             states.append(update.state)

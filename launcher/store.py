@@ -124,7 +124,7 @@ class JobStore:
         os.makedirs(self.runs_dir, exist_ok=True)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._connections = []
+        self._connections: list[sqlite3.Connection] = []
         dirs = JobDirs.scan(self.runs_dir)
         if dirs.count and not os.path.exists(path):
             raise StoreError(

@@ -37,8 +37,10 @@ def test_insert_get_update_survive_reopening(tmp_path):
     store.update(job, attempt_token="tok")
     store.close()
     again = JobStore(path)
-    assert again.get("j1").state == job_pb2.RUNNING
-    assert again.get("j1").run_dir == run_dir
+    stored = again.get("j1")
+    assert stored is not None
+    assert stored.state == job_pb2.RUNNING
+    assert stored.run_dir == run_dir
     assert again.attempt_token("j1") == "tok"
     assert again.get("j9") is None and again.get("nonsense") is None
 
@@ -197,7 +199,9 @@ def test_a_failed_write_surfaces_as_it_is_and_the_store_recovers(tmp_path):
     assert not os.path.exists(tmp_path / "runs" / "j2")  # the failed insert took its dir back
     db.execute("PRAGMA max_page_count = 1000000")  # the disk has room again
     job, created = store.insert(big)
-    assert created and job.id == "j2" and store.get("j2").exit_reason == big.exit_reason
+    assert created and job.id == "j2"
+    stored = store.get("j2")
+    assert stored is not None and stored.exit_reason == big.exit_reason
 
 
 V1_SCHEMA = """

@@ -85,7 +85,7 @@ def test_ctrl_c_cancels_the_job_after_its_checkpoint(tmp_path):
     proc = run_submit(
         tmp_path, "--config", config, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    lines = []
+    lines: list[str] = []
     deadline = time.monotonic() + 60
     while not any(line.startswith("RUNNING ") for line in lines):  # a progress row: step > 0
         assert time.monotonic() < deadline and proc.poll() is None, lines

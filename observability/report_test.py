@@ -16,7 +16,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def progress(step: int, attempt: int = 1, **fields) -> progress_pb2.Progress:
     """A plausible logged step: loss falls, MFU 40 %, a slow checkpoint step every 50."""
     checkpoint = step % 50 == 0
-    values = dict(
+    p = progress_pb2.Progress(
         job_id="j-0042",
         attempt=attempt,
         phase="train",
@@ -33,8 +33,9 @@ def progress(step: int, attempt: int = 1, **fields) -> progress_pb2.Progress:
         goodput=min(0.95, 0.5 + step / 100),
         tokens_total=8192 * step,
     )
-    values.update(fields)
-    return progress_pb2.Progress(**values)
+    for name, value in fields.items():
+        setattr(p, name, value)
+    return p
 
 
 def write_log(path, records, tail: str = "") -> None:

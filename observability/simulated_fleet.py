@@ -11,6 +11,7 @@ import math
 import random
 import threading
 from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import start_http_server
 
@@ -35,7 +36,9 @@ class SimulatedJob:
     diverged: bool = False  # set to make the loss NaN from the next step on
 
 
-def _job(job_id: str, name: str, kind: int, pool: str, team: str, attempts: int) -> job_pb2.Job:
+def _job(
+    job_id: str, name: str, kind: job_pb2.JobKind, pool: str, team: str, attempts: int
+) -> job_pb2.Job:
     job = job_pb2.Job(id=job_id, state=job_pb2.RUNNING, attempts=attempts, pool=pool)
     job.spec.name, job.spec.kind, job.spec.team = name, kind, team
     return job
@@ -74,7 +77,7 @@ class SimulatedFleet:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._server = None
+        self._server: WSGIServer | None = None
         self.port = 0
 
     def fleet(self) -> dict:

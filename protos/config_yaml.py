@@ -92,10 +92,11 @@ def _scalar(field: descriptor.FieldDescriptor, value, path: str):
         if not isinstance(value, str):
             raise ConfigError(path, f"expected a string, got {value!r} (quote it)")
         return value
-    if field.type == descriptor.FieldDescriptor.TYPE_ENUM:
-        names = [v.name for v in field.enum_type.values if not v.name.endswith("_UNSPECIFIED")]
+    enum = field.enum_type  # set on every enum field
+    if field.type == descriptor.FieldDescriptor.TYPE_ENUM and enum is not None:
+        names = [v.name for v in enum.values if not v.name.endswith("_UNSPECIFIED")]
         if isinstance(value, str):
-            for v in field.enum_type.values:
+            for v in enum.values:
                 if v.name.lower() == value.lower():
                     return v.number
         raise ConfigError(path, f"expected one of {', '.join(names)}, got {value!r}")

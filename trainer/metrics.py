@@ -116,7 +116,8 @@ class MetricsLogger:
             log(f"{self.path}: dropped an unfinished last line ({dropped} bytes) left by a kill")
 
     def _reset(self) -> None:
-        self.n, self.losses, self.tokens, self.positions, self.padding = 0, [], 0, 0, 0
+        self.n, self.tokens, self.positions, self.padding = 0, 0, 0, 0
+        self.losses: list[float] = []
         self.step_time = self.data_time = 0.0
 
     def step(self, *, tokens: int, positions: int, padding: int, loss, step_time, data_time):

@@ -65,11 +65,12 @@ def test_loss_curves_keep_the_last_value_of_a_redone_step(tmp_path):
         f.write(progress_line(Progress(phase="train", step=3))[:10])  # being written
     train, heldout = loss_curves(read_progress_log(tmp_path).records)
     assert train == {1: 5.0, 2: 3.5} and heldout == {2: 3.9}
-    assert plot_loss(tmp_path).read_bytes()[:4] == b"\x89PNG"
+    png = plot_loss(tmp_path)
+    assert png is not None and png.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_a_new_logger_drops_the_line_a_killed_attempt_left_unfinished(tmp_path):
-    said = []
+    said: list[str] = []
     append_progress(tmp_path / LOG_NAME, progress_pb2.Progress(phase="train", step=1))
     fragment = '{"job_id": "j", "st'  # the attempt was killed while writing this line
     with open(tmp_path / LOG_NAME, "a") as f:
@@ -85,7 +86,7 @@ def test_a_new_logger_drops_the_line_a_killed_attempt_left_unfinished(tmp_path):
 
 
 def test_an_mfu_above_the_calibrated_peak_is_flagged_once(tmp_path):
-    said = []
+    said: list[str] = []
     m = MetricsLogger(
         tmp_path, is_main=True, model_flops_per_token=1e6, peak=(1e6, "measured"),
         world_size=1, log=said.append,

@@ -135,7 +135,9 @@ class Attention(nn.Module):
 def _varlen(q, k, v, layout: Layout):
     B, S, H, D = q.shape
     params = inspect.signature(varlen_attn()).parameters
-    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    causal: dict[str, tuple[int, int] | bool] = (
+        {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    )
     if k.shape[2] != H and "enable_gqa" not in params:
         k, v = (t.repeat_interleave(H // t.shape[2], dim=2) for t in (k, v))
     elif k.shape[2] != H:

@@ -76,7 +76,8 @@ def test_causal_fast_path_when_one_document_per_row():
     docs = torch.zeros(2, 8, dtype=torch.int32)
     assert attention_layout(docs, "cpu", torch.float32) == Layout()
     docs[1, 4:] = 1
-    assert attention_layout(docs, "cpu", torch.float32).mask.shape == (2, 1, 8, 8)
+    mask = attention_layout(docs, "cpu", torch.float32).mask
+    assert mask is not None and mask.shape == (2, 1, 8, 8)
 
 
 def test_grouped_query_attention_matches_repeated_heads():

@@ -108,8 +108,10 @@ def launch_cross_entropy(
     block, num_warps = row_settings(min(n_cols, MAX_BLOCK))
     rows = rows_per_tile(block, n_rows)
     compute_grad = grad is not None
-    if not compute_grad:  # placeholders: the kernel reads neither without COMPUTE_GRAD
+    if grad is None:  # placeholders: the kernel reads neither without COMPUTE_GRAD
         grad, scale = logits, loss
+    elif scale is None:
+        raise ValueError("launch_cross_entropy: `grad` needs a `scale`")
     cross_entropy_kernel[(triton.cdiv(n_rows, rows),)](
         logits, logits.stride(0), grad, grad.stride(0), target, loss,
         scale, 1 if scale.numel() > 1 else 0, n_rows, n_cols, ignore_index,

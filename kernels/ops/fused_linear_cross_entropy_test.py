@@ -31,7 +31,9 @@ def _check(hidden, weight, target, dtype, reduction="mean", ignore_index=-100, w
     return loss, got
 
 
-def _inputs(tokens, dim, vocab, dtype, ignored=()):
+def _inputs(
+    tokens, dim, vocab, dtype, ignored=()
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     hidden = torch.randn(tokens, dim).to(dtype)
     weight = (torch.randn(vocab, dim) / dim**0.5).to(dtype)
     target = torch.randint(0, vocab, (tokens,))

@@ -13,7 +13,7 @@ require_triton_interpreter()
 SHAPES = [(1, 1, 1, 1, 2), (2, 5, 4, 2, 10), (2, 3, 6, 2, 64)]
 
 
-def _cos_sin(batch, seq, head_dim, dtype=torch.float32):
+def _cos_sin(batch, seq, head_dim, dtype=torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     # Per-token positions that restart, as packed documents do.
     positions = torch.arange(seq).repeat(batch, 1) % 3
     cos, sin = RotaryEmbedding(head_dim, max_len=3).cos_sin(positions)
@@ -73,7 +73,7 @@ def test_views_of_a_fused_qkv_projection():
     cos, sin = _cos_sin(batch, seq, head_dim)
     b1, b2 = leaf(qkv), leaf(qkv)
 
-    def split(t):
+    def split(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, k, _ = t.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
         return q.view(batch, seq, heads, head_dim), k.view(batch, seq, kv_heads, head_dim)
 

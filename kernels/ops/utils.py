@@ -88,7 +88,7 @@ def distinct(*args):
     calls are left untouched."""
     if not torch.compiler.is_compiling():
         return args
-    out = []
+    out: list[object] = []
     for a in args:
         if isinstance(a, torch.Tensor) and any(a is b for b in out):
             a = a.view_as(a)

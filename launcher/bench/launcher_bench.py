@@ -103,7 +103,8 @@ def list_under_load(tmp, stored, rate, seconds):
     client = Client(launcher.address)
     blocker = client.submit(spec("blocker", priority=100))  # holds the pool: arrivals queue up
     stop = threading.Event()
-    submit_times, list_times = [], {"newest 100": [], "state=QUEUED": [], "team=vision": []}
+    submit_times: list[float] = []
+    list_times: dict[str, list[float]] = {"newest 100": [], "state=QUEUED": [], "team=vision": []}
 
     def paced(per_second, call):
         """Calls `call(i)` per_second times a second on its own schedule until stopped."""
@@ -172,7 +173,7 @@ def timed(repeats, call):
 
 def alternating(repeats, calls: dict) -> dict:
     """{name: durations} of calls made in turn, so that each sees the same machine load."""
-    samples = {name: [] for name in calls}
+    samples: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
             samples[name] += timed(1, call)

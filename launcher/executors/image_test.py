@@ -14,7 +14,7 @@ import pytest
 from launcher import settings
 from launcher.client import Client
 from launcher.executors import handoff
-from launcher.executors.base import Launch, attempt_dir, read_json
+from launcher.executors.base import Launch, attempt_dir
 from launcher.executors.slurm import SlurmExecutor
 from launcher.testdata import harness
 from protos import job_pb2
@@ -68,7 +68,7 @@ def test_cancel_reaches_the_trainer_in_the_image(in_image):
     running = harness.wait_for_step(client, job_id, 2, timeout=120)  # with the token file
     attempt = attempt_dir(running.run_dir, 1)
     token = open(os.path.join(attempt, "token")).read()
-    pids = harness.process_tree(read_json(os.path.join(attempt, "pid.json"))["pid"])
+    pids = harness.process_tree(harness.written_json(os.path.join(attempt, "pid.json"))["pid"])
     assert len(pids) >= 3  # the wrapper, run_image.py, bwrap and the trainer inside
     assert harness.where_it_shows(token, pids) == []
     client.cancel(job_id)
@@ -76,7 +76,7 @@ def test_cancel_reaches_the_trainer_in_the_image(in_image):
     assert job.state == job_pb2.CANCELLED
     log = open(os.path.join(attempt, "output.log")).read()
     # SIGTERM forwarded into the container: the trainer checkpoints and exits 75 (not 137).
-    assert read_json(os.path.join(attempt, "exit.json"))["code"] == 75, log
+    assert harness.written_json(os.path.join(attempt, "exit.json"))["code"] == 75, log
 
 
 @pytest.mark.parametrize(

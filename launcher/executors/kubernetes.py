@@ -149,7 +149,7 @@ def render(
             {"name": "state", "persistentVolumeClaim": {"claimName": k8s.state_volume_claim}}
         )
     spec = {"backoffLimit": 0, "template": {"metadata": {"labels": labels}, "spec": pod}}
-    manifests = []
+    manifests: list[dict[str, Any]] = []
     if nodes > 1:
         spec.update(completionMode="Indexed", completions=nodes, parallelism=nodes)
         pod["subdomain"] = name
@@ -267,6 +267,12 @@ class KubernetesExecutor(Executor):
         self.state_dir = state_dir  # the launcher's: where state_volume_claim is mounted
         self.cluster = Cluster(pool.kubernetes.kubeconfig) if pool.kubernetes.kubeconfig else None
 
+    def _api(self) -> Cluster:
+        """The cluster of a pool with a kubeconfig (only such a pool's attempts have handles)."""
+        if self.cluster is None:
+            raise KubernetesError(f"pool {self.pool.name} has no kubeconfig")
+        return self.cluster
+
     def _path(self, kind: str, name: str = "") -> str:
         """The REST path of the collection of `kind` (Job, Service, ..., Pod), or one object."""
         path = f"{COLLECTIONS[kind]}/namespaces/{self.namespace}/{kind.lower()}s"
@@ -299,7 +305,7 @@ class KubernetesExecutor(Executor):
         return {job_id: self._observe(h) for job_id, h in handles.items()}
 
     def _observe(self, h) -> Observed:
-        job = self.cluster.call("GET", self._path("Job", h["name"]), ok_missing=True)
+        job = self._api().call("GET", self._path("Job", h["name"]), ok_missing=True)
         if job is None:
             return Observed(Status.LOST, detail=f"Kubernetes Job {h['name']} is gone")
         status = job.get("status", {})
@@ -312,7 +318,7 @@ class KubernetesExecutor(Executor):
     def _ended(self, h, code):
         """Exit code from the pods (first non-zero one), and their logs into output.log."""
         selector = urllib.parse.quote(f"job-name={h['name']}")
-        pods = self.cluster.call("GET", self._path("Pod") + f"?labelSelector={selector}")
+        pods = self._api().call("GET", self._path("Pod") + f"?labelSelector={selector}")
         codes = []
         with open(os.path.join(h["attempt_dir"], "output.log"), "a") as log:
             for pod in pods.get("items", []):
@@ -322,7 +328,7 @@ class KubernetesExecutor(Executor):
                         codes.append(done["exitCode"])
                 name = pod["metadata"]["name"]
                 log.write(f"----- pod {name} -----\n")
-                text = self.cluster.call("GET", self._path("Pod", name) + "/log", ok_missing=True)
+                text = self._api().call("GET", self._path("Pod", name) + "/log", ok_missing=True)
                 log.write(text if isinstance(text, str) else "(no log)\n")
         failed = [c for c in codes if c != 0]
         if code is None and not failed:
@@ -341,4 +347,4 @@ class KubernetesExecutor(Executor):
         """Deletes the Job; the API server's garbage collector deletes what it owns (pods,
         the Service, the handoff's ConfigMap and Secret)."""
         body = {"propagationPolicy": "Background", "gracePeriodSeconds": int(grace)}
-        self.cluster.call("DELETE", self._path("Job", handle["name"]), body, ok_missing=True)
+        self._api().call("DELETE", self._path("Job", handle["name"]), body, ok_missing=True)

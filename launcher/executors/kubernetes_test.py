@@ -172,6 +172,8 @@ class FakeApiServer(http.server.ThreadingHTTPServer):
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
+    server: FakeApiServer  # the server it answers for, with its state
+
     def log_message(self, *args):
         pass
 

@@ -35,7 +35,8 @@ class LocalExecutor(Executor):
         self.torchrun_cmd = torchrun_cmd
         self.clock = clock
         self.images = images  # kitchen.v1.ImageRunConfig, resolved: for jobs naming an image
-        self._children = {}  # attempt_dir -> Popen of the wrappers this process started
+        # attempt_dir -> Popen of the wrappers this process started
+        self._children: dict[str, subprocess.Popen] = {}
 
     def start(self, launch: Launch):
         resources = launch.job.spec.resources

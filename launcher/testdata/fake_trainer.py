@@ -41,8 +41,8 @@ def _reporter(attempt, attempt_queue):
             metadata = [("authorization", f"Bearer {f.read().strip()}")]
     while True:
         if attempt.tls_ca:
-            with open(attempt.tls_ca, "rb") as f:
-                credentials = grpc.ssl_channel_credentials(f.read())
+            with open(attempt.tls_ca, "rb") as ca:
+                credentials = grpc.ssl_channel_credentials(ca.read())
             channel = grpc.secure_channel(attempt.launcher, credentials)
         else:
             channel = grpc.insecure_channel(attempt.launcher)
@@ -107,7 +107,7 @@ def main():
         int(n[5:-5]) for n in os.listdir(ckpt_dir) if n.startswith("step-") and n.endswith(".json")
     ]
     step = max(done, default=0)
-    reports = queue.Queue()
+    reports: queue.Queue[progress_pb2.Progress | None] = queue.Queue()  # None ends the stream
     reporter = threading.Thread(target=_reporter, args=(attempt, reports), daemon=True)
     if attempt.launcher:
         reporter.start()
@@ -149,9 +149,9 @@ def main():
         if step % every == 0:
             checkpoint()
     # Like the real trainer: a last report with only a summary (zeros elsewhere).
-    done = progress_pb2.Progress(job_id=attempt.job_id, attempt=number, phase="done", step=step)
-    done.message = f"done at step {step}"
-    reports.put(done)
+    summary = progress_pb2.Progress(job_id=attempt.job_id, attempt=number, phase="done", step=step)
+    summary.message = f"done at step {step}"
+    reports.put(summary)
     reports.put(None)
     if attempt.launcher:
         reporter.join(timeout=5)  # let the last reports go out

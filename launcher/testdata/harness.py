@@ -6,6 +6,7 @@ import sys
 import time
 
 from launcher.client import Client
+from launcher.executors.base import read_json
 from launcher.server import Launcher
 from protos import job_pb2, launcher_pb2
 
@@ -84,7 +85,17 @@ def steps_log(job) -> list[tuple[int, int]]:
     """(attempt, step) for every step the fake trainer ran for this job."""
     path = os.path.join(job.run_dir, "steps.log")
     with open(path) as f:
-        return [tuple(map(int, line.split())) for line in f if line.strip()]
+        pairs = (line.split() for line in f if line.strip())
+        return [(int(attempt), int(step)) for attempt, step in pairs]
+
+
+def written_json(path: str) -> dict:
+    """A JSON file the launcher (or its attempt wrapper) has written by now; fails naming it if
+    it is missing or not JSON."""
+    data = read_json(path)
+    if data is None:
+        raise AssertionError(f"{path}: missing or not JSON")
+    return data
 
 
 def admin_tokens_file(tmp_path, token="admin-token") -> str:

@@ -1,6 +1,8 @@
 """The building blocks Kitchen's dashboards share: one datasource, panels with units and help."""
 
 from grafana_foundation_sdk.builders import common, dashboard, prometheus, stat, timeseries
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog import variants as cogvariants
 from grafana_foundation_sdk.models.common import (
     BigValueColorMode,
     BigValueGraphMode,
@@ -31,7 +33,7 @@ def timeseries_panel(
     title: str,
     description: str,
     unit: str,
-    targets: list[prometheus.Dataquery],
+    targets: list[cogbuilder.Builder[cogvariants.Dataquery]],  # the SDK's type (list is invariant)
     *,
     axis_label: str = "",
     min_value: float | None = None,

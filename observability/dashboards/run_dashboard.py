@@ -1,6 +1,6 @@
 """The run dashboard: is this training job healthy? One job or several, picked with $job_id."""
 
-from grafana_foundation_sdk.builders import dashboard
+from grafana_foundation_sdk.builders import dashboard, stat
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from observability.dashboards.panels import (
@@ -31,7 +31,7 @@ RESTARTS = _series("kitchen_job_attempts_total") + " - 1"
 PROGRESS = _series("kitchen_train_step") + " / " + _series("kitchen_train_total_steps")
 
 
-def _glance(title: str, description: str, unit: str, expr: str) -> dashboard.Panel:
+def _glance(title: str, description: str, unit: str, expr: str) -> stat.Panel:
     return stat_panel(title, description, unit, expr, LEGEND, width=3)
 
 

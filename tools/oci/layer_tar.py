@@ -18,6 +18,7 @@ manifest and the registry use).
 import dataclasses
 import gzip
 import hashlib
+import io
 import os
 import tarfile
 from collections.abc import Iterable
@@ -59,6 +60,20 @@ class _HashingWriter:
         if self.inner is not None:
             self.inner.flush()
 
+    # The rest of the file-object interface tarfile.open asks for; its stream mode ("w|") only
+    # writes.
+    def read(self, size: int, /) -> bytes:
+        raise io.UnsupportedOperation("write-only")
+
+    def tell(self) -> int:
+        return self.size
+
+    def seek(self, pos: int, /) -> int:
+        raise io.UnsupportedOperation("not seekable")
+
+    def close(self) -> None:
+        pass  # `inner` is closed by whoever opened it
+
 
 def _tar_name(path: str) -> str:
     name = os.path.normpath(path).lstrip("/")
@@ -92,19 +107,19 @@ def _tar_info(name: str, entry: Entry) -> tarfile.TarInfo:
     info.mtime = 0
     info.uid = info.gid = 0
     info.uname = info.gname = ""
-    if entry.is_dir:
-        info.type = tarfile.DIRTYPE
-        info.mode = 0o755
-    elif entry.symlink_target is not None:
+    if entry.symlink_target is not None:
         info.type = tarfile.SYMTYPE
         info.linkname = entry.symlink_target
         info.mode = 0o777
-    else:
+    elif entry.source is not None:
         st = os.stat(entry.source)  # follows symlinks: Bazel's sandbox links every input
         info.type = tarfile.REGTYPE
         info.size = st.st_size
         executable = entry.executable if entry.executable is not None else st.st_mode & 0o111
         info.mode = 0o755 if executable else 0o644
+    else:  # entry.is_dir
+        info.type = tarfile.DIRTYPE
+        info.mode = 0o755
     return info
 
 
@@ -121,6 +136,7 @@ def write_layer(entries: Iterable[Entry], out_path: str, level: int = DEFAULT_GZ
                 for entry in ordered:
                     info = _tar_info(_tar_name(entry.path), entry)
                     if info.type == tarfile.REGTYPE:
+                        assert entry.source is not None  # _tar_info: a file has a source
                         with open(entry.source, "rb") as f:
                             tar.addfile(info, f)
                     else:

@@ -66,6 +66,7 @@ def test_layers_leave_out_console_scripts_and_their_record_lines(tmp_path):
     assert "/opt/site/tool/__init__.py" in paths
     assert not any("bin" in p for p in paths)
     record = paths["/opt/site/tool-1.dist-info/RECORD"]
+    assert record is not None, "RECORD is a file, not a directory or link"
     assert record.startswith(str(tmp_path / "scratch")), "a trimmed copy, not pip's file"
     text = open(record).read()
     assert "tool/__init__.py" in text and "bin/tool" not in text

@@ -242,8 +242,8 @@ def run(args) -> int:
         ]
         proc = subprocess.Popen(argv, start_new_session=True)
         target["pid"] = proc.pid  # runc forwards signals to the container's process
-    for signum in pending:
-        forward(signum, None)
+    for early in pending:
+        forward(early, None)
     try:
         return proc.wait()
     finally:
