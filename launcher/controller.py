@@ -36,7 +36,6 @@ from launcher.job_steps import JobSteps, StoreError
 from launcher.transitions import FINAL
 from launcher.unfinished import LiveAttempt, Queued, UnfinishedJobs
 from protos import job_pb2, launcher_pb2
-from protos.paths import run_dir_for
 
 log = logging.getLogger("kitchen.launcher")
 PROGRESS_FLUSH_SECONDS = 2.0
@@ -98,10 +97,7 @@ class Controller:
         job.state = job_pb2.QUEUED
         transitions.stamp(job.created, self.clock())
         job.queued.CopyFrom(job.created)
-        state = self.cfg.state_dir
-        job, created = self.store.insert(
-            job, request_id, on_id=lambda j: setattr(j, "run_dir", run_dir_for(state, j.id))
-        )
+        job, created = self.store.insert(job, request_id)  # the store gives id and run dir
         if created:
             self._inbox.put(Submitted(job))
             self._wake.set()

@@ -90,9 +90,17 @@ def test_cancel_queued_and_running_jobs(launcher, tmp_path):
     assert done.state == job_pb2.CANCELLED
     assert "SIGTERM: checkpoint" in b"".join(c.data for c in client.logs(running.id)).decode()
     assert client.cancel(running.id).state == job_pb2.CANCELLED  # idempotent
-    with pytest.raises(grpc.RpcError) as err:
-        client.cancel("j999")
-    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    # Unknown, Unicode-digit lookalikes of real ids, 30 digits: no such job, never another one.
+    for alias in (
+        "j999",
+        "j\u0661",
+        f"j{running.id[1:]}\u0660",
+        "j0" + running.id[1:],
+        "j" + "9" * 30,
+    ):
+        with pytest.raises(grpc.RpcError) as err:
+            client.cancel(alias)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND, alias
 
 
 def test_queued_job_says_why_it_waits(launcher, tmp_path):

@@ -26,6 +26,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -33,6 +34,7 @@ import uuid
 
 from protos import job_pb2
 from protos.files import write_json_atomic
+from protos.paths import run_dir_for, runs_dir
 
 log = logging.getLogger("kitchen.launcher")
 
@@ -57,7 +59,6 @@ _SCHEMA = (
 )
 UNFINISHED = (job_pb2.QUEUED, job_pb2.STARTING, job_pb2.RUNNING, job_pb2.PREEMPTED)
 MAX_PAGE_SIZE = 1000
-RUNS = "runs"  # beside the database: one directory per job, named by its id
 STORE_MARKER = "store.json"  # in runs/: {"store_id": ...}, the database it belongs to
 
 
@@ -77,10 +78,14 @@ def job_id(seq: int) -> str:
     return f"j{seq}"
 
 
+# "j" and 1-18 ASCII digits, no leading zero: str.isdigit() would take "j\u0661" (an Arabic-Indic
+# one) as job j1, and a 30-digit id would overflow SQLite's integers.
+JOB_ID = re.compile(r"j[1-9][0-9]{0,17}", re.ASCII)
+
+
 def seq_of(job_id: str) -> int | None:
-    if job_id[:1] != "j" or not job_id[1:].isdigit():
-        return None
-    return int(job_id[1:])
+    """The sequence number of a well-formed job id, else None (no such job)."""
+    return int(job_id[1:]) if JOB_ID.fullmatch(job_id) else None
 
 
 def spec_sha256(spec: job_pb2.JobSpec) -> str:
@@ -119,7 +124,8 @@ class JobStore:
         """Opens (or creates) the database at `path`; run directories go to `runs/` beside it.
         durable=False skips fsync (bulk fills in benchmarks); the launcher never uses it."""
         self.path = path
-        self.runs_dir = os.path.join(os.path.dirname(os.path.abspath(path)), RUNS)
+        self.state_dir = os.path.dirname(os.path.abspath(path))
+        self.runs_dir = runs_dir(self.state_dir)
         self.synchronous = "FULL" if durable else "OFF"
         os.makedirs(self.runs_dir, exist_ok=True)
         self._local = threading.local()
@@ -332,7 +338,7 @@ class JobStore:
                 (job.state, job.spec.team, job.spec.owner, job.pool, request_id or None, digest,
                  b""),
             ).lastrowid  # fmt: skip
-            run_dir = os.path.join(self.runs_dir, job_id(seq))
+            run_dir = run_dir_for(self.state_dir, job_id(seq))
             try:
                 os.mkdir(run_dir)
                 return seq, run_dir

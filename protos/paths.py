@@ -8,7 +8,7 @@
   BUILD_WORKSPACE_DIRECTORY) or in the current directory.
 - `precook_cache_dir(data, state)`: `data.cache_dir`, else `<state dir>/precook`, so
   `//trainer:precook`, `//trainer:train` and the launcher's jobs share one cache by default.
-- `run_dir_for(state, name)`: `<state dir>/runs/<name>`.
+- `run_dir_for(state, name)`: `<state dir>/runs/<name>` (`runs_dir(state)`: `<state dir>/runs`).
 - `PATH_FIELDS`: the TrainerConfig fields that hold paths; `absolute_paths(cfg)` resolves them
   where the user is (submit, or the trainer run by hand), because a trainer runs elsewhere.
 """
@@ -49,9 +49,14 @@ def precook_cache_dir(data, state: str | None = None) -> str:
     return os.path.join(state or state_dir(), "precook")
 
 
+def runs_dir(state: str) -> str:
+    """`<state>/runs`: where every run directory of a state dir lives."""
+    return os.path.join(state, "runs")
+
+
 def run_dir_for(state: str, name: str) -> str:
     """`<state>/runs/<name>`: a job's run directory (launcher: the job id; by hand: its name)."""
-    return os.path.join(state, "runs", name)
+    return os.path.join(runs_dir(state), name)
 
 
 def absolute_paths(trainer_cfg) -> None:
