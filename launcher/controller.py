@@ -313,9 +313,8 @@ class Controller:
         or signalling them) is kitchen_scheduler_pass_duration_seconds."""
         started = time.perf_counter()
         plan = self._plan(self.jobs.demands(skip=self.steps.doomed), self.jobs.holdings(), now)
-        for job_id in plan.waiting:
-            hold = self._holds.get(job_id)
-            if hold is not None:
+        for job_id, hold in self._holds.items():
+            if job_id in plan.waiting:
                 plan.waiting[job_id] = f"the launcher could not store its start ({hold.error})"
         changed = self.jobs.set_waiting(plan.waiting)
         self._wake_at, self.jobs.need_pass = plan.wake_at, False

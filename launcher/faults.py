@@ -41,6 +41,10 @@ class Holds:
     def get(self, key: str) -> Hold | None:
         return self._holds.get(key)
 
+    def items(self) -> list[tuple[str, Hold]]:
+        """Every (key, hold): few, so a pass visits these rather than every queued job."""
+        return list(self._holds.items())
+
     def clear(self, key: str):
         self._holds.pop(key, None)
 
