@@ -64,7 +64,7 @@ class Demand:
         object.__setattr__(self, "order", -self.priority * _SEQ_SPAN + self.seq)
 
 
-_QUEUE_ORDER = operator.attrgetter("order")
+QUEUE_ORDER = operator.attrgetter("order")  # sort key of Demands: the queue's order
 _POOL = operator.attrgetter("pool")
 
 
@@ -216,7 +216,7 @@ def plan(pools: dict, quotas: dict, pending, holdings, now: float) -> Plan:
     blocked job), which is set for all of them at once. With 100,000 queued jobs and full
     pools, that is one sort of plain integers and one dict, not 100,000 rule checks."""
     p = _Pass(pools, quotas, holdings, now)
-    queue = sorted(pending, key=_QUEUE_ORDER)
+    queue = sorted(pending, key=QUEUE_ORDER)
     left = collections.Counter(map(_POOL, queue))  # jobs not yet considered, per pool
     open_pools = set(left)  # pools with jobs left that are not blocked
     for i, d in enumerate(queue):

@@ -9,6 +9,7 @@ fleet summary
 (queue depth per pool, capacity and use).
 """
 
+import collections
 import dataclasses
 import threading
 
@@ -44,6 +45,9 @@ class UnfinishedJobs:
         self._waiting: dict[str, str] = {}  # job_id -> why it waits (the last pass's words)
         self._fleet: dict = {"queued": {}, "pools": {}}
         self.need_pass = True  # the queue or the capacity changed: a scheduling pass is due
+        # Kept as records come and go, so a pass over 100,000 queued jobs does not rebuild them.
+        self._depth: collections.Counter[str] = collections.Counter()  # queued jobs per pool
+        self._demands: list[scheduler.Demand] | None = None  # None: the queue changed
 
     # ---------------------------------------------------------------- loop thread
 
@@ -51,17 +55,24 @@ class UnfinishedJobs:
         """Files the job's record (replacing the other kind, if any)."""
         job_id = record.job.id
         with self.lock:
-            self.queued.pop(job_id, None)
-            self.live.pop(job_id, None)
+            self._forget(job_id)
             if isinstance(record, Queued):
                 self.queued[job_id] = record
+                self._depth[record.demand.pool] += 1
+                self._demands = None
             else:
                 self.live[job_id] = record
 
     def drop(self, job_id: str):
         with self.lock:
-            self.queued.pop(job_id, None)
-            self.live.pop(job_id, None)
+            self._forget(job_id)
+
+    def _forget(self, job_id: str):
+        was = self.queued.pop(job_id, None)
+        if was is not None:
+            self._depth[was.demand.pool] -= 1
+            self._demands = None
+        self.live.pop(job_id, None)
 
     def progress_of(self, live: LiveAttempt) -> tuple[progress_pb2.Progress | None, float]:
         with self.lock:
@@ -81,13 +92,22 @@ class UnfinishedJobs:
     def set_waiting(self, waiting: dict[str, str]) -> list[str]:
         """Records why jobs wait; returns the jobs whose reason changed."""
         with self.lock:
-            changed = [j for j, r in waiting.items() if self._waiting.get(j) != r]
+            if waiting == self._waiting:  # the usual pass: one comparison in C, not 100,000
+                changed = []
+            else:
+                changed = [j for j, r in waiting.items() if self._waiting.get(j) != r]
             self._waiting = waiting
         return changed
 
     def demands(self, skip=()) -> list[scheduler.Demand]:
         """The queued jobs as the scheduler sees them (but those in `skip`)."""
-        return [q.demand for job_id, q in self.queued.items() if job_id not in skip]
+        if self._demands is None:  # kept in queue order: sorting it again in a pass is ~linear
+            self._demands = sorted(
+                (q.demand for q in self.queued.values()), key=scheduler.QUEUE_ORDER
+            )
+        if not skip:
+            return self._demands
+        return [d for d in self._demands if d.job_id not in skip]
 
     def holdings(self) -> list[scheduler.Holding]:
         """The live attempts as the scheduler sees them."""
@@ -101,8 +121,8 @@ class UnfinishedJobs:
         ]  # fmt: skip
 
     def update_fleet(self, pools: dict[str, scheduler.Pool]):
-        demands = [q.demand for q in self.queued.values()]
-        fleet = fleet_summary(pools, demands, [live.job for live in self.live.values()])
+        depth = {pool: n for pool, n in self._depth.items() if n}
+        fleet = fleet_summary(pools, depth, [live.job for live in self.live.values()])
         with self.lock:
             self._fleet = fleet
 
@@ -145,12 +165,9 @@ class UnfinishedJobs:
 
 
 def fleet_summary(
-    pools: dict[str, scheduler.Pool], queued: list[scheduler.Demand], running: list[job_pb2.Job]
+    pools: dict[str, scheduler.Pool], depth: dict[str, int], running: list[job_pb2.Job]
 ) -> dict:
-    """{"queued": {pool: jobs}, "pools": {pool: capacity and use in nodes and GPUs}}."""
-    depth: dict[str, int] = {}
-    for d in queued:
-        depth[d.pool] = depth.get(d.pool, 0) + 1
+    """{"queued": {pool: jobs} (`depth`), "pools": {pool: capacity and use in nodes and GPUs}}."""
     summary = {
         name: {
             "nodes_capacity": p.nodes, "gpus_capacity": p.nodes * p.gpus_per_node,
