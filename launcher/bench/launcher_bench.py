@@ -30,6 +30,7 @@ from launcher.metrics import LauncherMetrics
 from launcher.server import Launcher
 from launcher.store import JobStore
 from protos import job_pb2, launcher_pb2
+from protos.files import write_atomic
 from protos.paths import user_path
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(3600)"]  # ignores the trainer flags
@@ -341,10 +342,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if args.out:
-        out = user_path(args.out)
-        with open(out + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(out + ".tmp", out)
+        write_atomic(user_path(args.out), text + "\n")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ import grpc
 from google.protobuf import json_format
 
 from protos import attempt_pb2, launcher_pb2_grpc, progress_pb2
+from protos.exit_codes import ExitCode
+from protos.files import write_atomic
 
 stop_requested = threading.Event()
 
@@ -65,15 +67,6 @@ def _reporter(attempt, attempt_queue):
             time.sleep(0.5)
         finally:
             channel.close()
-
-
-def _write_atomically(path, text):
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def main():
@@ -114,7 +107,7 @@ def main():
     print(f"fake_trainer: attempt {number} starts at step {step} of {steps}", flush=True)
 
     def checkpoint():
-        _write_atomically(os.path.join(ckpt_dir, f"step-{step}.json"), json.dumps({"step": step}))
+        write_atomic(os.path.join(ckpt_dir, f"step-{step}.json"), json.dumps({"step": step}))
 
     while step < steps:
         if stop_requested.is_set():
@@ -123,7 +116,7 @@ def main():
             reports.put(None)
             if attempt.launcher:
                 reporter.join(timeout=5)
-            return 75
+            return ExitCode.PREEMPTED
         step += 1
         if step == behaviour.get("crash_at") and number in behaviour.get("crash_attempts", [1]):
             print(f"fake_trainer: RuntimeError: crash at step {step} as told", flush=True)
