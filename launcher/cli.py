@@ -19,6 +19,7 @@ import grpc
 from launcher.client import Client
 from launcher.live_view import EXIT_CODES, LiveView, duration, follow, rate
 from protos import job_pb2
+from protos.enums import enum_name
 
 LIST_COLUMNS = (
     ("ID", 8), ("NAME", 18), ("KIND", 9), ("STATE", 10), ("TEAM", 10), ("POOL", 8),
@@ -31,7 +32,7 @@ def _seconds_since(ts) -> float:
 
 
 def _kind(job) -> str:
-    return job_pb2.JobKind.Name(job.spec.kind).lower()
+    return enum_name(job.spec, "kind").lower()  # total: a kind outside the enum shows as its number
 
 
 def cmd_list(client, args, out):

@@ -24,6 +24,7 @@ from launcher.server import Launcher, StateDirBusy
 from launcher.store import StoreError
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError, load_job_spec
+from protos.enums import enum_name
 from protos.exit_codes import ExitCode
 from protos.paths import absolute_paths, state_dir, user_path
 from protos.validation import validate_job_spec
@@ -104,7 +105,7 @@ def main(argv=None) -> int:
 
 def _run(client: Client, spec, args, embedded: bool) -> int:
     job = client.submit(spec)
-    kind = job_pb2.JobKind.Name(spec.kind).lower()
+    kind = enum_name(spec, "kind").lower()
     print(f"submitted {job.id} ({spec.name}, {kind}); run dir {job.run_dir}")
     if args.detach:
         print(f"follow it with: kitchen --launcher {args.launcher} watch {job.id}")
