@@ -51,6 +51,18 @@ def test_bad_configs_exit_2_naming_the_field(tmp_path):
     done = run_submit(tmp_path, "--config", too_big)
     assert done.returncode == 2
     assert "INVALID_ARGUMENT: spec.resources.nodes: 4 nodes, but pool cpu has 1" in done.stderr
+    # The schema's own rules run before anything starts, with the file named.
+    nan = write(tmp_path, "nan.yaml", "kind: pretrain\nretry: {backoff_seconds: .nan}\n")
+    done = run_submit(tmp_path, "--config", nan)
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip() == f"submit: {nan}: retry.backoff_seconds: nan is not a finite number"
+    )
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)))
+    done = run_submit(tmp_path, "--config", str(binary))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"submit: {binary}: (top level): not a UTF-8 text file"), done
 
 
 def test_failed_job_exits_1(tmp_path):
