@@ -12,10 +12,8 @@ from protos import job_pb2
 
 @pytest.fixture
 def launcher(tmp_path):
-    launcher, client = h.start(h.config(tmp_path))
-    yield launcher, client
-    client.close()
-    launcher.stop()
+    with h.started(h.config(tmp_path)) as (launcher, client):
+        yield launcher, client
 
 
 def kitchen(launcher, *argv) -> tuple[int, str]:

@@ -103,8 +103,7 @@ def test_a_failure_in_one_job_fails_that_job_only(tmp_path, monkeypatch, caplog,
     caplog.set_level(logging.INFO, logger="kitchen.launcher")
     inject, reason = STEPS[step]
     cfg = h.config(tmp_path, nodes=2)
-    launcher, client = h.start(cfg)
-    try:
+    with h.started(cfg) as (launcher, client):
         inject(launcher, monkeypatch)
         h.behave(tmp_path, "bad", steps=10_000 if step == "cancelling it" else 60)
         bad = h.spec("bad", team="bad")
@@ -125,18 +124,11 @@ def test_a_failure_in_one_job_fails_that_job_only(tmp_path, monkeypatch, caplog,
         lines = len(launcher_records(caplog, INJECTED))
         time.sleep(1.0)  # twenty more passes of the loop
         assert 1 <= lines == len(launcher_records(caplog, INJECTED)) <= 3
-    finally:
-        client.close()
-        launcher.stop()
     monkeypatch.undo()
-    launcher, client = h.start(cfg)  # the state dir holds no half-changed job
-    try:
+    with h.started(cfg) as (_, client):  # the state dir holds no half-changed job
         assert {j.state for j in client.list().jobs} <= set(h.FINAL)
         again = h.wait_for(client, client.submit(h.spec("after", steps=3)).id, h.FINAL)
         assert again.state == job_pb2.SUCCEEDED
-    finally:
-        client.close()
-        launcher.stop()
 
 
 @pytest.mark.parametrize(
@@ -147,8 +139,7 @@ def test_a_failure_in_one_job_fails_that_job_only(tmp_path, monkeypatch, caplog,
     ],
 )
 def test_a_spec_that_breaks_the_arithmetic_fails_alone(tmp_path, field, value, reason):
-    launcher, client = h.start(h.config(tmp_path))
-    try:
+    with h.started(h.config(tmp_path)) as (launcher, client):
         h.behave(tmp_path, "odd", steps=4, crash_at=1, crash_attempts=[1])
         spec = h.spec("odd")
         setattr(spec.retry, field, value)
@@ -161,9 +152,6 @@ def test_a_spec_that_breaks_the_arithmetic_fails_alone(tmp_path, field, value, r
             assert done.exit_reason.startswith("launcher error while following its attempt: ")
             assert reason in done.exit_reason
         assert h.wait_for(client, good.id, h.FINAL).state == job_pb2.SUCCEEDED
-    finally:
-        client.close()
-        launcher.stop()
 
 
 def test_a_half_changed_row_from_an_older_launcher_fails_alone_at_recovery(tmp_path):
@@ -176,20 +164,15 @@ def test_a_half_changed_row_from_an_older_launcher_fails_alone_at_recovery(tmp_p
         store.update(job)  # "half": RUNNING without a handle, as the old controller left it
         rows.append(job)
     store.close()
-    launcher, client = h.start(cfg)
-    try:
+    with h.started(cfg) as (launcher, client):
         half = client.get(rows[0].id)
         assert half.state == job_pb2.FAILED
         assert half.exit_reason.startswith("launcher error while taking it up again: ")
         assert h.wait_for(client, rows[1].id, h.FINAL).state == job_pb2.SUCCEEDED
-    finally:
-        client.close()
-        launcher.stop()
 
 
 def test_a_kind_outside_the_enum_troubles_no_one(tmp_path):
-    launcher, client = h.start(h.config(tmp_path))
-    try:
+    with h.started(h.config(tmp_path)) as (launcher, client):
         spec = h.spec("alien", steps=3)
         spec.kind = 99  # type: ignore[assignment]  # raw gRPC can send it; metrics cannot name it
         alien, _ = launcher.controller.submit(job_pb2.Job(spec=spec, pool="cpu"))
@@ -199,9 +182,6 @@ def test_a_kind_outside_the_enum_troubles_no_one(tmp_path):
         log = open(os.path.join(attempt_dir(done.run_dir, 1), "output.log")).read()
         assert "progress stream failed" not in log  # its reports were taken, not refused
         assert h.wait_for(client, good.id, h.FINAL).state == job_pb2.SUCCEEDED
-    finally:
-        client.close()
-        launcher.stop()
 
 
 def test_a_failing_store_holds_changes_back_and_the_loop_catches_up(tmp_path, caplog):
@@ -256,8 +236,7 @@ def test_a_pass_that_fails_as_a_whole_is_retried_without_spinning(tmp_path, capl
         raise RuntimeError(INJECTED)
 
     monkeypatch.setattr(scheduler, "plan", plan)
-    launcher, client = h.start(h.config(tmp_path))
-    try:
+    with h.started(h.config(tmp_path)) as (launcher, client):
         time.sleep(1.5)  # thirty polls' worth
         assert 1 <= len(calls) < 10  # each failed pass waits twice as long as the last
         assert len(launcher_records(caplog, INJECTED)) == 1
@@ -265,6 +244,3 @@ def test_a_pass_that_fails_as_a_whole_is_retried_without_spinning(tmp_path, capl
         job = h.wait_for(client, client.submit(h.spec("later", steps=3)).id, h.FINAL)
         assert job.state == job_pb2.SUCCEEDED
         assert len(launcher_records(caplog, "control loop works again")) == 1
-    finally:
-        client.close()
-        launcher.stop()

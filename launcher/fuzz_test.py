@@ -91,10 +91,8 @@ def hostile_requests(rng: random.Random, state: str):
 @pytest.fixture
 def launcher(tmp_path):
     cfg = h.config(tmp_path, nodes=2)
-    launcher, client = h.start(cfg)
-    yield launcher, client, cfg
-    client.close()
-    launcher.stop()
+    with h.started(cfg) as (launcher, client):
+        yield launcher, client, cfg
 
 
 def test_hostile_specs_never_stop_the_launcher(launcher, caplog):

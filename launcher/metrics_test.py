@@ -94,8 +94,7 @@ def test_a_resumed_attempt_counts_its_steps_again():
 
 def test_scrape_a_live_launcher(tmp_path):
     cfg = h.config(tmp_path, metrics_retention_seconds=1.0)
-    launcher, client = h.start(cfg)
-    try:
+    with h.started(cfg) as (launcher, client):
         h.behave(tmp_path, "long", steps=10_000, step_seconds=0.02)
         running = client.submit(h.spec("long", team="nlp"))
         queued = client.submit(h.spec("next", team="nlp"))
@@ -137,9 +136,6 @@ def test_scrape_a_live_launcher(tmp_path):
         }
         states = [s for s in job_pb2.JobState.keys() if s != "JOB_STATE_UNSPECIFIED"]
         assert cpu_jobs == {state: 2 if state == "CANCELLED" else 0 for state in states}
-    finally:
-        client.close()
-        launcher.stop()
 
 
 def test_a_shared_launchers_metrics_need_the_token_and_hide_job_names(tmp_path):

@@ -102,8 +102,7 @@ def test_kill9_launcher_with_jobs_queued_running_and_stopping(tmp_path):
 
 
 def test_kill9_trainer_is_retried_from_its_checkpoint(tmp_path):
-    launcher, client = h.start(h.config(tmp_path))
-    try:
+    with h.started(h.config(tmp_path)) as (launcher, client):
         h.behave(tmp_path, "victim", steps=16, step_seconds=0.08, checkpoint_every=4)
         job = client.submit(h.spec("victim"))
         h.wait_for_step(client, job.id, 6)
@@ -117,14 +116,10 @@ def test_kill9_trainer_is_retried_from_its_checkpoint(tmp_path):
         first_of_retry = min(s for a, s in steps if a == 2)
         assert first_of_retry > 1 and (first_of_retry - 1) % 4 == 0, steps  # from a checkpoint
         assert max(s for a, s in steps if a == 1) < 16
-    finally:
-        client.close()
-        launcher.stop()
 
 
 def test_hung_trainer_is_detected_killed_and_restarted(tmp_path):
-    launcher, client = h.start(h.config(tmp_path))
-    try:
+    with h.started(h.config(tmp_path)) as (launcher, client):
         h.behave(tmp_path, "hangs", steps=8, hang_at=3, hang_attempts=[1], ignore_term=True)
         spec = h.spec("hangs")
         spec.hang_timeout_seconds = 1.5
@@ -134,14 +129,10 @@ def test_hung_trainer_is_detected_killed_and_restarted(tmp_path):
         assert (done.state, done.attempts, done.failures) == (job_pb2.SUCCEEDED, 2, 1)
         assert any(r.startswith("hung: no progress for") for r in reasons), reasons
         assert_each_step_once(done, attempts=(1, 2))
-    finally:
-        client.close()
-        launcher.stop()
 
 
 def test_preemption_checkpoints_requeues_and_resumes(tmp_path):
-    launcher, client = h.start(h.config(tmp_path))
-    try:
+    with h.started(h.config(tmp_path)) as (launcher, client):
         h.behave(tmp_path, "low", steps=30, step_seconds=0.05, checkpoint_every=1)
         low = client.submit(h.spec("low", priority=0))
         h.wait_for_step(client, low.id, 3)
@@ -155,14 +146,10 @@ def test_preemption_checkpoints_requeues_and_resumes(tmp_path):
         assert preempted_at["code"] == 75
         assert high_done.started.ToNanoseconds() / 1e9 >= preempted_at["finished"] - 0.01
         assert_each_step_once(low_done, attempts=(1, 2))
-    finally:
-        client.close()
-        launcher.stop()
 
 
 def test_retries_back_off_then_fail_with_the_log_line(tmp_path):
-    launcher, client = h.start(h.config(tmp_path))
-    try:
+    with h.started(h.config(tmp_path)) as (launcher, client):
         h.behave(tmp_path, "crashy", crash_at=2, crash_attempts=[1, 2, 3])
         spec = h.spec("crashy")
         spec.retry.max_attempts = 3
@@ -185,6 +172,3 @@ def test_retries_back_off_then_fail_with_the_log_line(tmp_path):
         bad = h.wait_for(client, client.submit(h.spec("badcfg")).id, h.FINAL)
         assert (bad.state, bad.attempts) == (job_pb2.FAILED, 1)
         assert bad.exit_reason.startswith("bad config (exit code 2")
-    finally:
-        client.close()
-        launcher.stop()

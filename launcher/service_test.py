@@ -12,10 +12,8 @@ from protos import job_pb2
 
 @pytest.fixture
 def launcher(tmp_path):
-    launcher, client = h.start(h.config(tmp_path))
-    yield launcher, client
-    client.close()
-    launcher.stop()
+    with h.started(h.config(tmp_path)) as (launcher, client):
+        yield launcher, client
 
 
 def test_submit_runs_to_success_with_watch_and_logs(launcher, tmp_path):
@@ -224,10 +222,8 @@ def test_request_ids_are_scoped_to_the_caller_and_bound_to_the_spec(tmp_path):
 
 
 def test_a_launcher_refuses_a_lost_database_with_a_clear_message(tmp_path, capsys):
-    launcher, client = h.start(h.config(tmp_path))
-    job = client.submit(h.spec("ok", steps=1))  # its run dir is made when it is stored
-    client.close()
-    launcher.stop()
+    with h.started(h.config(tmp_path)) as (_, client):
+        job = client.submit(h.spec("ok", steps=1))  # its run dir is made when it is stored
     state = tmp_path / "state"
     (state / "jobs.sqlite").unlink()
     args = ["--state-dir", str(state), "--listen", "127.0.0.1:0", "--metrics-listen", "none"]

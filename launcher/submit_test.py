@@ -77,17 +77,13 @@ def test_failed_job_exits_1(tmp_path):
 def test_detach_to_a_running_launcher_and_busy_state_dir(tmp_path):
     config = write(tmp_path, "small.yaml", "kind: pretrain\ntrainer: {train: {steps: 3}}\n")
     assert run_submit(tmp_path, "--config", config, "--detach").returncode == 2
-    launcher, client = h.start(h.config(tmp_path))  # uses tmp_path/state
-    try:
+    with h.started(h.config(tmp_path)) as (launcher, client):  # uses tmp_path/state
         done = run_submit(tmp_path, "--config", config, "--launcher", launcher.address, "--detach")
         assert done.returncode == 0, done.stderr
         assert "submitted j1 (small, pretrain)" in done.stdout
         assert h.wait_for(client, "j1", h.FINAL).state == job_pb2.SUCCEEDED
         busy = run_submit(tmp_path, "--config", config)  # embedded on the same state dir
         assert busy.returncode == 2 and "is in use by a launcher" in busy.stderr
-    finally:
-        client.close()
-        launcher.stop()
 
 
 def test_ctrl_c_cancels_the_job_after_its_checkpoint(tmp_path):

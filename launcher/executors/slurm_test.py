@@ -200,8 +200,7 @@ def test_launcher_with_a_slurm_pool(slurm, tmp_path):
     cfg = h.config(tmp_path)
     del cfg.pools[:]
     cfg.pools.add(name="slurm", executor=launcher_pb2.SLURM, nodes=1)
-    launcher, client = h.start(cfg)
-    try:
+    with h.started(cfg) as (launcher, client):
         job = client.submit(h.spec("via-slurm", steps=4))
         done = h.wait_for(client, job.id, h.FINAL, timeout=90)
         assert done.state == job_pb2.SUCCEEDED, done
@@ -213,9 +212,6 @@ def test_launcher_with_a_slurm_pool(slurm, tmp_path):
         h.wait_for_step(client, long.id, 2, timeout=90)
         client.cancel(long.id)
         assert h.wait_for(client, long.id, h.FINAL, timeout=60).state == job_pb2.CANCELLED
-    finally:
-        client.close()
-        launcher.stop()
 
 
 def test_a_job_in_an_image_through_slurm(slurm, tmp_path, monkeypatch):
@@ -232,14 +228,10 @@ def test_a_job_in_an_image_through_slurm(slurm, tmp_path, monkeypatch):
     fake_trainer, behaviour = os.path.realpath(h.FAKE_TRAINER), str(tmp_path / "behaviour")
     cfg.images.entrypoint = f"python3 {fake_trainer} --behaviour-dir {behaviour}"
     cfg.images.binds.extend([os.path.dirname(fake_trainer), behaviour])
-    launcher, client = h.start(cfg)
-    try:
+    with h.started(cfg) as (launcher, client):
         job = client.submit(h.spec("boxed", steps=3, image=layout))
         done = h.wait_for(client, job.id, h.FINAL, timeout=120)
         batch = open(os.path.join(attempt_dir(done.run_dir, 1), "batch.sh")).read()
         assert done.state == job_pb2.SUCCEEDED, (done, batch)
         assert "run_image" in batch and f"--layout {layout}" in batch
         assert done.progress.step == 3 and h.steps_log(done) == [(1, 1), (1, 2), (1, 3)]
-    finally:
-        client.close()
-        launcher.stop()

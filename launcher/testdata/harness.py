@@ -1,9 +1,11 @@
 """What the launcher's tests share: a launcher on 127.0.0.1 running the fake trainer."""
 
+import contextlib
 import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 
 from launcher.client import Client
 from launcher.executors.base import read_json
@@ -47,6 +49,17 @@ def spec(name="tiny", steps=6, priority=0, **fields) -> job_pb2.JobSpec:
 def start(cfg) -> tuple[Launcher, Client]:
     launcher = Launcher(cfg).start()
     return launcher, Client(launcher.address)
+
+
+@contextlib.contextmanager
+def started(cfg) -> Iterator[tuple[Launcher, Client]]:
+    """`start(cfg)`, then the client closed and the launcher stopped, whatever happens."""
+    launcher, client = start(cfg)
+    try:
+        yield launcher, client
+    finally:
+        client.close()
+        launcher.stop()
 
 
 def wait_for(client, job_id, states, timeout=30.0) -> job_pb2.Job:
