@@ -39,6 +39,6 @@ verdict "after clean --expunge" "$work/expunge.log" || status=1
 
 if ((status)); then
   echo "remote cache: NOT every action was a hit; logs follow" >&2
-  tail -30 "$work/clone.log" "$work/expunge.log" >&2
+  tail -n 30 "$work/clone.log" "$work/expunge.log" >&2
 fi
 exit $status
