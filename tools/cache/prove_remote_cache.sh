@@ -26,16 +26,33 @@ verdict() {
   [[ ${local_runs:-0} -eq 0 && $hits -gt 0 ]]
 }
 
+# Names the actions of a Bazel execution log that ran instead of coming from the cache.
+missed() {
+  python3 - "$1" <<'PY'
+import json, sys
+text, i, decoder = open(sys.argv[1]).read(), 0, json.JSONDecoder()
+while i < len(text):
+    if text[i].isspace():
+        i += 1
+        continue
+    entry, i = decoder.raw_decode(text, i)
+    if entry.get("runner") and not entry.get("remoteCacheHit"):
+        outputs = [o["path"] for o in entry.get("actualOutputs", [])][:1]
+        print(f"  ran, not a hit: {entry.get('mnemonic')} {outputs[0] if outputs else ''}")
+PY
+}
+
 echo "== second clone in $work/clone"
 git clone -q "$root" "$work/clone"
 (cd "$work/clone" && ./bazel --output_base="$work/output_base" test "${targets[@]}" --config=remote \
-  >"$work/clone.log" 2>&1) || true
-verdict "second clone" "$work/clone.log" || status=1
+  --execution_log_json_file="$work/clone.exec.json" >"$work/clone.log" 2>&1) || true
+verdict "second clone" "$work/clone.log" || { status=1; missed "$work/clone.exec.json"; }
 (cd "$work/clone" && ./bazel --output_base="$work/output_base" shutdown) || true
 
 echo "== this clone after bazel clean --expunge"
-(cd "$root" && ./bazel clean --expunge >"$work/clean.log" 2>&1 && ./bazel test "${targets[@]}" --config=remote >"$work/expunge.log" 2>&1) || true
-verdict "after clean --expunge" "$work/expunge.log" || status=1
+(cd "$root" && ./bazel clean --expunge >"$work/clean.log" 2>&1 && ./bazel test "${targets[@]}" --config=remote \
+  --execution_log_json_file="$work/expunge.exec.json" >"$work/expunge.log" 2>&1) || true
+verdict "after clean --expunge" "$work/expunge.log" || { status=1; missed "$work/expunge.exec.json"; }
 
 if ((status)); then
   echo "remote cache: NOT every action was a hit; logs follow" >&2
