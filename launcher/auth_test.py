@@ -82,7 +82,7 @@ def test_trainers_report_with_their_attempt_token_only(secured, tmp_path):
     launcher, c = secured
     h.behave(tmp_path, "long", steps=10_000, step_seconds=0.02)
     job = c["alice"].submit(h.spec("long"))
-    h.wait_for_step(c["alice"], job.id, 3)  # the fake trainer got KITCHEN_LAUNCHER_TOKEN
+    h.wait_for_step(c["alice"], job.id, 3)  # the fake trainer read its token file
     forged = progress_pb2.Progress(job_id=job.id, attempt=1, step=10**6)
     for token in (None, "alice-token", "guess"):
         md = [("authorization", f"Bearer {token}")] if token else None
