@@ -25,7 +25,7 @@ from protos import defaults, enums, job_pb2, trainer_config_pb2
 from protos.config_yaml import ConfigError
 from protos.defaults import Field
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)  # fullmatch: no "a\n"
 NAME_RULE = "use letters, digits, '.', '_', '-' (at most 63, starting with a letter or digit)"
 MAX_STRING = 4096  # bytes of any string field but the prompt: paths, image references
 MAX_PROMPT = 1 << 16
@@ -105,13 +105,13 @@ def validate_job_spec(
     check_wire(spec)
     if not spec.name:
         raise ConfigError("name", "a job needs a name")
-    if not NAME.match(spec.name):
+    if not NAME.fullmatch(spec.name):
         raise ConfigError("name", f"{spec.name[:80]!r}: {NAME_RULE}")
     for label in ("team", "owner"):
         value = getattr(spec, label)
-        if value and not NAME.match(value):
+        if value and not NAME.fullmatch(value):
             raise ConfigError(label, f"{value[:80]!r}: {NAME_RULE}")
-    if spec.resources.pool and not NAME.match(spec.resources.pool):
+    if spec.resources.pool and not NAME.fullmatch(spec.resources.pool):
         raise ConfigError("resources.pool", f"{spec.resources.pool[:80]!r}: {NAME_RULE}")
     if spec.kind == job_pb2.JOB_KIND_UNSPECIFIED:
         kinds = ", ".join(enums.choices(spec, "kind"))
@@ -124,7 +124,7 @@ def validate_job_spec(
         _check_range(getattr(message, name), field, path)
     if world_size is None:
         world_size = (spec.resources.nodes or 1) * (spec.resources.processes_per_node or 1)
-    return resolve_trainer(spec.trainer, spec.kind, world_size)
+    return _resolve(spec.trainer, spec.kind, world_size)  # the wire check above covered it
 
 
 def resolve_trainer(
@@ -134,6 +134,10 @@ def resolve_trainer(
 ) -> trainer_config_pb2.TrainerConfig:
     """Rule 3: a copy of `cfg` with every default applied, or a ConfigError."""
     check_wire(cfg, "trainer")
+    return _resolve(cfg, kind, world_size)
+
+
+def _resolve(cfg, kind, world_size) -> trainer_config_pb2.TrainerConfig:
     _set_ranges(cfg)  # first: a derived default (ffn_dim from dim) must not overflow
     out = defaults.with_defaults(cfg, kind, world_size)
     validate_trainer(out, kind, world_size)

@@ -67,6 +67,7 @@ def test_a_minimal_spec_resolves_with_defaults():
         ({"trainer__data__tokenizer": trainer_config_pb2.BPE_FILE}, "trainer.data.tokenizer_path"),
         ({"name": ""}, "name: a job needs a name"),
         ({"name": "a b"}, "name: 'a b': use letters"),
+        ({"name": "trailing\n"}, "name: 'trailing\\n': use letters"),
         ({"name": "x" * 1_000_000}, "name: 1,000,000 characters"),
         ({"team": "../etc"}, "team: '../etc'"),
         ({"kind": job_pb2.JOB_KIND_UNSPECIFIED}, "kind: a job needs a kind: one of PRECOOK"),
