@@ -195,6 +195,23 @@ def generate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
     return ExitCode.OK
 
 
+def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
+    """The job of `attempt.spec.kind`."""
+    kind = attempt.spec.kind
+    if kind == job_pb2.PRECOOK:
+        counts = precook(cfg, attempt.cache_dir, env, log).manifest.counts
+        log(
+            f"precooked {counts.documents:,} documents, {counts.tokens:,} tokens "
+            f"in {counts.rows:,} rows ({counts.padding_tokens:,} padding tokens)"
+        )
+        return ExitCode.OK
+    if kind in (job_pb2.PRETRAIN, job_pb2.SFT):
+        return train(cfg, attempt, env, log, client)
+    if kind == job_pb2.EVAL:
+        return evaluate_job(cfg, attempt, env, log)
+    return generate_job(cfg, attempt, env, log)
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="train", description=__doc__.split("\n\n")[0])
     source = p.add_mutually_exclusive_group(required=True)
@@ -249,18 +266,12 @@ def _run(args) -> ExitCode:
                 phase=phase, message="started", job_id=attempt.job_id, attempt=attempt.number
             )
             client.send(started)
-        if spec.kind == job_pb2.PRECOOK:
-            counts = precook(cfg, attempt.cache_dir, env, log).manifest.counts
-            log(
-                f"precooked {counts.documents:,} documents, {counts.tokens:,} tokens "
-                f"in {counts.rows:,} rows ({counts.padding_tokens:,} padding tokens)"
-            )
-            return ExitCode.OK
-        if spec.kind in (job_pb2.PRETRAIN, job_pb2.SFT):
-            return train(cfg, attempt, env, log, client)
-        if spec.kind == job_pb2.EVAL:
-            return evaluate_job(cfg, attempt, env, log)
-        return generate_job(cfg, attempt, env, log)
+        code = run_job(cfg, attempt, env, log, client)
+        # Every rank leaves together: a rank that tore the process group down while rank 0
+        # still wrote its plot aborted now and then ("terminate called without an active
+        # exception", exit -6). Only on success: after a failure a peer may be gone.
+        distributed.barrier()
+        return code
     except (PrecookError, ConfigError) as e:
         raise BadInput(str(e)) from e
     except Exception:
