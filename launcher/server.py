@@ -121,10 +121,7 @@ class Launcher:
         self.controller.start()  # recover first: re-attach before serving
         self.server.start()
         if self.cfg.metrics_listen != "none":
-            token = ""
-            if self.cfg.exposure.metrics_token_file:
-                with open(self.cfg.exposure.metrics_token_file, encoding="utf-8") as f:
-                    token = f.read().strip()
+            token = settings.metrics_token(self.cfg)
             self._http = metrics_http.serve(self.metrics.registry, self.cfg.metrics_listen, token)
             self.metrics_port = self._http.server_port
         self._lock_file.seek(0)

@@ -111,6 +111,21 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
     return out
 
 
+def metrics_token(cfg: launcher_pb2.LauncherConfig) -> str:
+    """The bearer token /metrics asks for ("": open), from exposure.metrics_token_file."""
+    path = cfg.exposure.metrics_token_file
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as err:
+        raise ConfigError("exposure.metrics_token_file", f"cannot read: {err.strerror}") from None
+    if len(token) < 16:
+        raise ConfigError("exposure.metrics_token_file", "holds fewer than 16 characters")
+    return token
+
+
 def is_loopback(address: str) -> bool:
     """Whether HOST:PORT listens on this machine only (127.0.0.0/8, ::1, localhost)."""
     host = address.rpartition(":")[0].strip("[]")
@@ -148,15 +163,6 @@ def _check_exposure(cfg: launcher_pb2.LauncherConfig) -> None:
             "team's jobs: set exposure.metrics_token_file (Prometheus sends it as a bearer "
             "token), or listen on 127.0.0.1",
         )
-    if e.metrics_token_file:
-        try:
-            with open(e.metrics_token_file, encoding="utf-8") as f:
-                token = f.read().strip()
-        except OSError as err:
-            raise ConfigError(
-                "exposure.metrics_token_file", f"cannot read: {err.strerror}"
-            ) from None
-        if len(token) < 16:
-            raise ConfigError("exposure.metrics_token_file", "holds fewer than 16 characters")
+    metrics_token(cfg)  # readable and long enough, now rather than at the first scrape
     if not e.HasField("metrics_job_names"):
         e.metrics_job_names = not cfg.tokens_file

@@ -2,7 +2,7 @@
 
 Each optional field of protos/trainer_config.proto has a `Field` here: the default written
 beside it in the proto (`// default X`; defaults_test parses every such comment and compares)
-and the range a value must lie in. `with_defaults(cfg, kind, world_size)` fills every unset
+and the range a value must lie in. `with_defaults(cfg, world_size)` fills every unset
 field; protos/validation.py checks the ranges and the rules that tie fields together. The
 launcher runs both at submit and the trainer again at start, so a job the launcher accepts
 is one the trainer accepts.
@@ -16,7 +16,7 @@ import dataclasses
 import math
 import os
 
-from protos import job_pb2, trainer_config_pb2
+from protos import trainer_config_pb2
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1
@@ -177,13 +177,10 @@ def data_with_defaults(
 
 
 def with_defaults(
-    cfg: trainer_config_pb2.TrainerConfig,
-    kind: job_pb2.JobKind = job_pb2.PRETRAIN,
-    world_size: int = 1,
+    cfg: trainer_config_pb2.TrainerConfig, world_size: int = 1
 ) -> trainer_config_pb2.TrainerConfig:
-    """A copy of `cfg` with every unset field set; `cfg` is not changed. `kind` does not change
-    any default today; it is here so that a job kind's own defaults have their place."""
-    del kind
+    """A copy of `cfg` with every unset field set; `cfg` is not changed. `world_size` (the
+    number of training processes) decides the default parallelism."""
     out = trainer_config_pb2.TrainerConfig()
     out.CopyFrom(cfg)
     out.data.CopyFrom(data_with_defaults(cfg.data))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from protos import defaults, job_pb2, trainer_config_pb2
+from protos import defaults, trainer_config_pb2
 from protos.enums import enum_name
 
 PROTO = Path(__file__).with_name("trainer_config.proto").read_text()
@@ -88,7 +88,7 @@ def test_defaults_fill_every_field_and_derive_the_rest():
     assert cfg.model.ffn_dim == 704  # 8/3 * 256 = 682.7, up to a multiple of 64
     assert cfg.data.workers >= 1
     assert enum_name(cfg.train, "parallelism") == "SINGLE"
-    several = defaults.with_defaults(trainer_config_pb2.TrainerConfig(), job_pb2.PRETRAIN, 2)
+    several = defaults.with_defaults(trainer_config_pb2.TrainerConfig(), world_size=2)
     assert enum_name(several.train, "parallelism") == "DDP"
 
 

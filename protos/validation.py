@@ -139,7 +139,7 @@ def resolve_trainer(
 
 def _resolve(cfg, kind, world_size) -> trainer_config_pb2.TrainerConfig:
     _set_ranges(cfg)  # first: a derived default (ffn_dim from dim) must not overflow
-    out = defaults.with_defaults(cfg, kind, world_size)
+    out = defaults.with_defaults(cfg, world_size)
     validate_trainer(out, kind, world_size)
     return out
 
