@@ -1,0 +1,104 @@
+"""The guides keep their shape: each ends by mapping what the reader did to build and CI work,
+docs/README.md's reading path lists every guide, and every link in the docs leads to a file
+and a section that exist."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+# Not resolved: under Bazel the runfiles tree (with the files this test declares) is the world.
+DOCS = Path(__file__).parent
+MAPPING = "## What this maps to in build and CI work"
+NOT_GUIDES = {"README.md", "glossary.md"}
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def guides() -> list[Path]:
+    return sorted(p for p in DOCS.glob("*.md") if p.name not in NOT_GUIDES)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to '-'."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    out, in_code = set(), False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            out.add(slug(line.lstrip("#")))
+    return out
+
+
+def headings(path: Path, level: str = "## ") -> list[str]:
+    in_code, out = False, []
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith(level):
+            out.append(line.strip())
+    return out
+
+
+@pytest.mark.parametrize("guide", guides(), ids=lambda p: p.name)
+def test_guide_ends_with_the_build_and_ci_mapping(guide):
+    sections = headings(guide)
+    assert sections, f"docs/{guide.name} has no sections"
+    assert sections[-1] == MAPPING, (
+        f"docs/{guide.name}: its last section is {sections[-1]!r}; every guide ends with "
+        f"{MAPPING!r}"
+    )
+
+
+def test_reading_path_lists_every_guide():
+    readme = (DOCS / "README.md").read_text()
+    linked = {m.group(1).split("#")[0] for m in LINK.finditer(readme)}
+    missing = [g.name for g in guides() if g.name not in linked]
+    assert not missing, f"docs/README.md does not list {missing}"
+    assert "glossary.md" in linked
+
+
+def links(path: Path) -> list[tuple[int, str]]:
+    out, in_code = [], False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code:
+            out += [(number, m.group(1)) for m in LINK.finditer(line)]
+    return out
+
+
+@pytest.mark.parametrize("doc", sorted(DOCS.glob("*.md")), ids=lambda p: p.name)
+def test_links_lead_to_files_and_sections_that_exist(doc):
+    broken = []
+    for number, target in links(doc):
+        if re.match(r"^[a-z]+:", target):  # http:, https:, mailto: (none are followed offline)
+            continue
+        file, _, anchor = target.partition("#")
+        path = Path(os.path.normpath(doc.parent / file)) if file else doc
+        if not path.exists():
+            broken.append(f"docs/{doc.name}:{number}: {target}: no such file")
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            broken.append(f"docs/{doc.name}:{number}: {target}: no section #{anchor}")
+    assert not broken, "\n".join(broken)
+
+
+def test_every_glossary_term_links_to_a_section():
+    rows = [
+        line for line in (DOCS / "glossary.md").read_text().splitlines() if line.startswith("| ")
+    ]
+    terms = rows[2:]  # after the header and its rule
+    assert len(terms) >= 40
+    for row in terms:
+        assert re.search(r"\]\([a-z_]+\.md#[\w-]+\)", row), (
+            f"glossary: {row[:60]}... links no section"
+        )
+
+
+def test_slug_matches_github():
+    assert slug(" 5. The full-size job: configs/tiny.yaml") == "5-the-full-size-job-configstinyyaml"
+    assert slug('Surprise: on a CPU, MFU is "measured"') == "surprise-on-a-cpu-mfu-is-measured"
