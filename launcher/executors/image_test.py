@@ -11,13 +11,14 @@ from typing import Any
 import grpc
 import pytest
 
-from launcher import settings
+from launcher import settings, validation
 from launcher.client import Client
 from launcher.executors import handoff
 from launcher.executors.base import Launch, attempt_dir
 from launcher.executors.slurm import SlurmExecutor
 from launcher.testdata import harness
-from protos import job_pb2
+from protos import job_pb2, launcher_pb2
+from protos.config_yaml import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Under Bazel: //images:launcher (Python, grpc and the protos, no torch); else a built one.
@@ -102,20 +103,21 @@ def test_a_bad_image_is_refused_and_nothing_is_stored(tmp_path, image, problem):
 
 
 def test_an_image_job_runs_on_one_node(tmp_path):
-    launcher, client = harness.start(harness.config(tmp_path))
-    try:
-        spec = harness.spec("wide", image=f"127.0.0.1:5000/kitchen/trainer@{DIGEST}")
-        spec.resources.nodes = 2
-        with pytest.raises(grpc.RpcError) as refused:
-            client.submit(spec)
-        assert refused.value.details().startswith("spec.image: ")
-        assert "2 asked" in refused.value.details()
-        assert list(client.list().jobs) == []
-    finally:
-        launcher.stop()
+    """Several processes on one node run under torchrun inside the image; several nodes in an
+    image are refused on a Slurm pool (a local pool is one machine anyway)."""
+    cfg = settings.resolve(harness.config(tmp_path))
+    cfg.pools.add(name="slurm", executor=launcher_pb2.SLURM, nodes=2)
+    spec = harness.spec("wide", image=f"127.0.0.1:5000/kitchen/trainer@{DIGEST}")
+    spec.resources.pool, spec.resources.processes_per_node = "slurm", 2
+    assert validation.validate(spec, cfg, lambda _: None) == "slurm"
+    spec.resources.nodes = 2
+    with pytest.raises(ConfigError) as refused:
+        validation.validate(spec, cfg, lambda _: None)
+    assert refused.value.field == "image" and "2 asked" in str(refused.value)
 
 
 def _slurm_script(tmp_path, gpus: int = 0, processes: int = 1) -> tuple[str, Any, Any]:
+    tmp_path.mkdir(exist_ok=True)
     ca = tmp_path / "ca.pem"
     ca.write_text("a PEM root certificate\n")
     tls = {"tls_cert": str(ca), "tls_key": str(tmp_path / "key.pem")}  # the key stays unread
