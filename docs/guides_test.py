@@ -43,6 +43,7 @@ GUIDES = (
     "generate.md",
     "launcher.md",
     "observability.md",
+    "images.md",
 )
 JOB_TARGETS = ("//launcher:submit", "//trainer:train")
 COMMAND_TIMEOUT_S = 600

@@ -13,9 +13,9 @@ from torch._dynamo.backends.common import aot_autograd
 
 import kernels
 from kernels import reference
-from kernels.testing import assert_close, require_triton_interpreter
+from kernels.testing import assert_close, require_triton
 
-require_triton_interpreter()
+require_triton()
 
 TOKENS, DIM, HEADS, KV_HEADS, HEAD_DIM, HIDDEN, VOCAB = 12, 16, 2, 1, 8, 24, 40
 

@@ -5,9 +5,9 @@ import torch
 
 import kernels
 from kernels import modules, reference
-from kernels.testing import assert_close, leaf, require_triton_interpreter
+from kernels.testing import assert_close, leaf, require_triton
 
-require_triton_interpreter()
+require_triton()
 
 
 def test_rms_norm_module_learns_its_weight():

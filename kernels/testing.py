@@ -1,4 +1,6 @@
-"""Helpers for the kernel tests: dtype-fit tolerances and an interpreter guard."""
+"""Helpers for the kernel tests: dtype-fit tolerances, and a guard that Triton really runs."""
+
+import os
 
 import torch
 
@@ -17,14 +19,23 @@ GRAD_SUM_SLACK = 4
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def require_triton_interpreter() -> None:
-    """Fails loudly when the Triton path is off, so a kernel test never compares the reference
-    with itself."""
-    if not kernels.triton_available("cpu"):
-        raise RuntimeError(
-            "kernel tests need Triton's interpreter: set TRITON_INTERPRET=1 before Python starts "
-            "(the Bazel targets set it)"
+# Where the kernel tests run: "cpu", in Triton's interpreter (TRITON_INTERPRET=1, as the Bazel
+# targets set it), or "cuda", compiled (tools/gpu/verify.sh sets KITCHEN_KERNEL_TEST_DEVICE).
+TEST_DEVICE = torch.device(os.environ.get("KITCHEN_KERNEL_TEST_DEVICE", "cpu"))
+
+
+def require_triton() -> None:
+    """Fails loudly when the Triton path is off on the test device, so a kernel test never
+    compares the reference with itself; makes that device the default for new tensors."""
+    if not kernels.triton_available(TEST_DEVICE):
+        how = (
+            "set TRITON_INTERPRET=1 before Python starts (the Bazel targets set it)"
+            if TEST_DEVICE.type == "cpu"
+            else "this machine has no working CUDA Triton"
         )
+        raise RuntimeError(f"kernel tests need Triton on {TEST_DEVICE}: {how}")
+    if TEST_DEVICE.type != "cpu":  # a default-device mode slows every torch call: only if needed
+        torch.set_default_device(TEST_DEVICE)
 
 
 def assert_close(

@@ -11,9 +11,9 @@ from torch.utils.checkpoint import checkpoint
 import kernels
 from kernels import reference
 from kernels.modules import RotaryEmbedding
-from kernels.testing import assert_close, require_triton_interpreter
+from kernels.testing import assert_close, require_triton
 
-require_triton_interpreter()
+require_triton()
 
 VOCAB, DIM, HEADS, KV_HEADS, HIDDEN, LAYERS = 64, 32, 4, 2, 48, 2
 HEAD_DIM = DIM // HEADS

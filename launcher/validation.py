@@ -59,8 +59,10 @@ def validate(
         raise ConfigError("image", f"pool {pool.name} runs containers: the job needs an image")
     if spec.image and pool.executor in (launcher_pb2.LOCAL, launcher_pb2.SLURM):
         image.check(spec.image)
-        if nodes > 1 or (r.processes_per_node or 1) > 1:
+        if nodes > 1:
             raise ConfigError(
-                "image", f"pool {pool.name} runs an image as one process on one node, not torchrun"
+                "image",
+                f"pool {pool.name} runs an image on one node ({nodes} asked; several processes "
+                "on it run under torchrun inside the image); across nodes, use a Kubernetes pool",
             )
     return pool.name

@@ -133,6 +133,8 @@ DTYPES: dict[str, str | None] = {
     "float32": "float32",
     "bf16": "bfloat16",
     "bfloat16": "bfloat16",
+    "fp16": "float16",  # with dynamic loss scaling (trainer/loop.py)
+    "float16": "float16",
 }
 
 # A byte-level BPE starts from 256 byte tokens plus <|bos|>, <|eos|>, <|pad|>.

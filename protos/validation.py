@@ -240,7 +240,15 @@ def validate_trainer(
     _check(
         t.dtype.lower() in defaults.DTYPES,
         "trainer.train.dtype",
-        f"{t.dtype!r} is not one of fp32, bf16 (or empty for automatic)",
+        f"{t.dtype!r} is not one of fp32, bf16, fp16 (or empty for automatic)",
+    )
+    _check(
+        not (
+            defaults.DTYPES.get(t.dtype.lower()) == "float16"
+            and t.parallelism == trainer_config_pb2.FSDP
+        ),
+        "trainer.train.dtype",
+        "fp16 with FSDP is not supported (its loss scaling would need a sharded scaler): use bf16",
     )
     _check(
         world_size == 1 or t.parallelism != trainer_config_pb2.SINGLE,

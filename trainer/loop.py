@@ -106,6 +106,10 @@ class Trainer:
         self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.steps)
+        # fp16's 5 exponent bits underflow small gradients: the loss is scaled up before
+        # backward and the gradients down before the update, and a step whose gradients
+        # overflowed is skipped while the scale halves. bf16 has fp32's range and needs none.
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
         self.loader = PackedRowLoader(
             self.dataset_path,
             split="train",
@@ -154,6 +158,7 @@ class Trainer:
             "noise": self.noise.state_dict(),
             "goodput": self.goodput.state_dict(),
             "tokens_total": self.tokens_total,
+            "grad_scaler": self.scaler.state_dict(),  # {} unless fp16
         }
 
     def save(self) -> Path:
@@ -198,6 +203,8 @@ class Trainer:
             self.noise.load_state_dict(state["noise"])
             self.goodput.resume(state["goodput"])
             self.tokens_total = state["tokens_total"]
+            if state.get("grad_scaler"):
+                self.scaler.load_state_dict(state["grad_scaler"])
         self.loader_position = self.loader.state_dict()
         self.restore_s += time.perf_counter() - start
         self.goodput.add("checkpoint_restore", time.perf_counter() - start)
@@ -246,16 +253,18 @@ class Trainer:
             b = {key: v.to(self.device, non_blocking=True) for key, v in b.items()}
             with distributed.gradient_sync(self.model, k == accum - 1), autocast:
                 loss = self.model(b["input_ids"], b["position_ids"], layout, b["labels"])
-            (loss * (world / n_tokens)).backward()
+            self.scaler.scale(loss * (world / n_tokens)).backward()
             loss_sum += loss.detach()
             if k == 0 and measure_noise:
                 n_small = float((b["labels"] != -100).sum())
                 # The accumulated gradient is sum-loss * world / n_tokens: rescale to a mean.
                 scale = n_tokens / (world * max(n_small, 1.0))
-                small[0] = self._grad_sq_norm() * scale**2
+                # Under fp16 the gradients are still multiplied by the loss scale here.
+                small[0] = self._grad_sq_norm() * (scale / self.scaler.get_scale()) ** 2
                 small[1] = n_small
         totals = distributed.all_reduce_sum(torch.cat([loss_sum.view(1), small]))
         clip = self.cfg.optim.grad_clip or math.inf
+        self.scaler.unscale_(self.optimizer)  # clip the true gradients (no-op unless fp16)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
             grad_norm = grad_norm.full_tensor()
@@ -301,7 +310,8 @@ class Trainer:
         loss, grad_norm = self.train_step(batches, max(agreed[0], 1.0))
         verdict = self.guard.check(loss)
         if verdict is Verdict.OK:
-            self.optimizer.step()
+            self.scaler.step(self.optimizer)  # skipped if fp16 gradients overflowed
+        self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
         with warnings.catch_warnings():

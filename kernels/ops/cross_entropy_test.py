@@ -4,9 +4,9 @@ import torch
 import kernels
 from kernels import reference
 from kernels.ops.cross_entropy import MAX_BLOCK
-from kernels.testing import DTYPES, assert_close, leaf, require_triton_interpreter
+from kernels.testing import DTYPES, assert_close, leaf, require_triton
 
-require_triton_interpreter()
+require_triton()
 
 REDUCTIONS = ("mean", "sum", "none")
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import kernels  # noqa: F401  (registers the custom ops)
-from kernels.testing import require_triton_interpreter
+from kernels.testing import require_triton
 
-require_triton_interpreter()
+require_triton()
 
 torch.manual_seed(0)
 _X, _W = torch.randn(3, 10), torch.randn(10)

@@ -4,9 +4,9 @@ import torch
 import kernels
 from kernels import reference
 from kernels.ops.fused_linear_cross_entropy import chunk_size
-from kernels.testing import DTYPES, GRAD_SUM_SLACK, assert_close, leaf, require_triton_interpreter
+from kernels.testing import DTYPES, GRAD_SUM_SLACK, assert_close, leaf, require_triton
 
-require_triton_interpreter()
+require_triton()
 
 REDUCTIONS = ("mean", "sum", "none")
 

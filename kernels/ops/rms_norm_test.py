@@ -3,9 +3,9 @@ import torch
 
 import kernels
 from kernels import reference
-from kernels.testing import DTYPES, GRAD_SUM_SLACK, assert_close, leaf, require_triton_interpreter
+from kernels.testing import DTYPES, GRAD_SUM_SLACK, assert_close, leaf, require_triton
 
-require_triton_interpreter()
+require_triton()
 
 SHAPES = [(1, 8), (2, 3, 96), (4, 4096), (1, 5, 1000)]  # single row, odd widths, a real hidden
 

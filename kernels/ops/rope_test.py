@@ -4,9 +4,9 @@ import torch
 import kernels
 from kernels import reference
 from kernels.modules import RotaryEmbedding
-from kernels.testing import DTYPES, assert_close, leaf, require_triton_interpreter
+from kernels.testing import DTYPES, assert_close, leaf, require_triton
 
-require_triton_interpreter()
+require_triton()
 
 # (batch, seq, heads, kv_heads, head_dim): one token and head; half = 5 (not a power of two);
 # grouped-query attention with a real head_dim.

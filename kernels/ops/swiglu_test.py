@@ -3,9 +3,9 @@ import torch
 
 import kernels
 from kernels import reference
-from kernels.testing import DTYPES, assert_close, leaf, require_triton_interpreter
+from kernels.testing import DTYPES, assert_close, leaf, require_triton
 
-require_triton_interpreter()
+require_triton()
 
 # A single element, widths that are not powers of two, and more than one 1024-element block.
 SHAPES = [(1, 1), (3, 5, 100), (2, 2100)]

@@ -34,10 +34,13 @@ def check(image: str):
     )
 
 
-def command(cfg, launch: Launch, env: dict) -> list:
+def command(cfg, launch: Launch, env: dict, gpus: str = "") -> list:
     """The run_image.py argv that runs this attempt's trainer in `launch.job.spec.image`.
 
-    `cfg` is the resolved kitchen.v1.ImageRunConfig; `env` the trainer's environment."""
+    `cfg` is the resolved kitchen.v1.ImageRunConfig; `env` the trainer's environment; `gpus`
+    the host's indices of the GPUs the attempt holds ("0,1"; "" for none), passed in with
+    their device nodes and the host's driver (tools/oci/gpus.py). Several processes per node
+    run under torchrun inside the image."""
     image = launch.job.spec.image
     argv = [*cfg.run_image_cmd, "--layout" if image.startswith("/") else "--image", image]
     argv += ["--runtime", cfg.runtime]
@@ -53,6 +56,11 @@ def command(cfg, launch: Launch, env: dict) -> list:
         if path == run_dir or not path.startswith(inside):
             argv += ["--bind", path]
     argv += [f"--env={k}={env[k]}" for k in PORTABLE_ENV if k in env]
+    if gpus:
+        argv.append(f"--gpus={gpus}")
+    nproc = launch.job.spec.resources.processes_per_node or 1
+    if nproc > 1:
+        argv.append(f"--nproc-per-node={nproc}")
     if cfg.entrypoint:
         argv += ["--entrypoint", cfg.entrypoint]
     return [*argv, "--", *launch.trainer_args()]

@@ -11,13 +11,14 @@ from typing import Any
 import grpc
 import pytest
 
-from launcher import settings
+from launcher import settings, validation
 from launcher.client import Client
 from launcher.executors import handoff
 from launcher.executors.base import Launch, attempt_dir
 from launcher.executors.slurm import SlurmExecutor
 from launcher.testdata import harness
-from protos import job_pb2
+from protos import job_pb2, launcher_pb2
+from protos.config_yaml import ConfigError
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Under Bazel: //images:launcher (Python, grpc and the protos, no torch); else a built one.
@@ -101,31 +102,55 @@ def test_a_bad_image_is_refused_and_nothing_is_stored(tmp_path, image, problem):
         launcher.stop()
 
 
-def test_an_image_job_runs_one_process(tmp_path):
-    launcher, client = harness.start(harness.config(tmp_path))
-    try:
-        spec = harness.spec("wide", image=f"127.0.0.1:5000/kitchen/trainer@{DIGEST}")
-        spec.resources.processes_per_node = 2
-        with pytest.raises(grpc.RpcError) as refused:
-            client.submit(spec)
-        assert refused.value.details().startswith("spec.image: ")
-        assert list(client.list().jobs) == []
-    finally:
-        launcher.stop()
+def test_an_image_job_runs_on_one_node(tmp_path):
+    """Several processes on one node run under torchrun inside the image; several nodes in an
+    image are refused on a Slurm pool (a local pool is one machine anyway)."""
+    cfg = settings.resolve(harness.config(tmp_path))
+    cfg.pools.add(name="slurm", executor=launcher_pb2.SLURM, nodes=2)
+    spec = harness.spec("wide", image=f"127.0.0.1:5000/kitchen/trainer@{DIGEST}")
+    spec.resources.pool, spec.resources.processes_per_node = "slurm", 2
+    assert validation.validate(spec, cfg, lambda _: None) == "slurm"
+    spec.resources.nodes = 2
+    with pytest.raises(ConfigError) as refused:
+        validation.validate(spec, cfg, lambda _: None)
+    assert refused.value.field == "image" and "2 asked" in str(refused.value)
 
 
-def test_a_slurm_batch_script_runs_the_trainer_through_run_image(tmp_path):
+def _slurm_script(tmp_path, gpus: int = 0, processes: int = 1) -> tuple[str, Any, Any]:
+    tmp_path.mkdir(exist_ok=True)
     ca = tmp_path / "ca.pem"
     ca.write_text("a PEM root certificate\n")
     tls = {"tls_cert": str(ca), "tls_key": str(tmp_path / "key.pem")}  # the key stays unread
     cfg = settings.resolve(harness.config(tmp_path, advertise="127.0.0.1:1", **tls))
     job = job_pb2.Job(id="j1", attempts=1, run_dir=str(tmp_path / "run"))
     job.spec.image = f"127.0.0.1:5000/kitchen/trainer@{DIGEST}"
+    job.spec.resources.gpus_per_node, job.spec.resources.processes_per_node = gpus, processes
     env = {"PYTHONUNBUFFERED": "1", "PYTHONPATH": "/host/only"}
     handle: dict[str, Any] = {"attempt_dir": attempt_dir(job.run_dir, 1), "launched_at": 0.0}
     attempt = handoff.write(job, cfg, handle["attempt_dir"], "the-attempt-token")
     launch = Launch(job, attempt, list(cfg.trainer_cmd), env, handle)
     script = SlurmExecutor(cfg.pools[0].slurm, [], images=cfg.images)._script(launch)
+    return script, cfg, job
+
+
+def test_gpus_and_several_processes_go_into_the_image(tmp_path):
+    """Slurm picks the GPUs when the job starts, so the script passes them from its env
+    ($SLURM_JOB_GPUS, expanded by bash); several processes run under torchrun inside."""
+    script, _, _ = _slurm_script(tmp_path, gpus=2, processes=2)
+    last = script.splitlines()[-1]
+    assert " --gpus=$SLURM_JOB_GPUS " in last  # unquoted: the shell expands it
+    command = shlex.split(last)
+    assert "--nproc-per-node=2" in command and command.index("--nproc-per-node=2") < command.index(
+        "--attempt"
+    )
+    no_gpus, _, _ = _slurm_script(tmp_path / "cpu")
+    assert "--gpus" not in no_gpus and "--nproc-per-node" not in no_gpus
+
+
+def test_a_slurm_batch_script_runs_the_trainer_through_run_image(tmp_path):
+    script, cfg, job = _slurm_script(tmp_path)
+    ca = tmp_path / "ca.pem"
+    handle = {"attempt_dir": attempt_dir(job.run_dir, 1)}
     command = shlex.split(script.splitlines()[-1])
     run_image = command.index("--")  # attempt_wrapper.py ... -- run_image.py ...
     precook = os.path.join(cfg.state_dir, "precook")

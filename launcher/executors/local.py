@@ -46,8 +46,8 @@ class LocalExecutor(Executor):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         argv = launch.argv
         nproc = resources.processes_per_node or 1
-        if launch.job.spec.image:  # validation allows one process per node here
-            argv = image.command(self.images, launch, env)
+        if launch.job.spec.image:  # one node; torchrun inside the image for several processes
+            argv = image.command(self.images, launch, env, ",".join(map(str, gpus)))
         elif nproc > 1:
             argv = torchrun(self.torchrun_cmd, argv, nproc, ["--standalone", "--nnodes=1"])
         os.makedirs(launch.attempt_dir, exist_ok=True)

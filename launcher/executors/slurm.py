@@ -62,8 +62,10 @@ class SlurmExecutor(Executor):
         r = launch.job.spec.resources
         nodes, nproc = r.nodes or 1, r.processes_per_node or 1
         argv = launch.argv
-        if launch.job.spec.image:  # validation allows one node and one process here
-            argv = image.command(self.images, launch, launch.env)
+        if launch.job.spec.image:  # one node; torchrun inside the image for several processes
+            # Slurm picks the GPUs when the job starts: the script reads them from its env.
+            gpus = "$SLURM_JOB_GPUS" if r.gpus_per_node else ""
+            argv = image.command(self.images, launch, launch.env, gpus)
         elif nodes > 1 or nproc > 1:
             rendezvous = [
                 f"--nnodes={nodes}", "--rdzv-backend=c10d",
@@ -72,7 +74,7 @@ class SlurmExecutor(Executor):
             ]  # fmt: skip
             argv = ["srun", "--ntasks-per-node=1", *self.torchrun_cmd, *rendezvous, *argv]
         command = " ".join(
-            a if a.startswith("--rdzv-endpoint") else shlex.quote(a)
+            a if a.startswith(("--rdzv-endpoint", "--gpus=$")) else shlex.quote(a)
             for a in wrapped(launch.attempt_dir, argv, self.python)
         )
         exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(launch.env.items()))

@@ -2,7 +2,8 @@
 
     run_image.py (--layout DIR | --image HOST/NAME[:TAG|@sha256:...]) [--runtime bwrap|runc]
                  [--bind SRC[:DST]]... [--env K=V]... [--workdir DIR] [--entrypoint CMD]
-                 [--cache-dir DIR] [--unpack-only] [-- ARGS...]
+                 [--gpus 0,1|all] [--nproc-per-node N] [--cache-dir DIR] [--unpack-only]
+                 [-- ARGS...]
 
 --image pulls from a registry with skopeo into CACHE/pulled/ first (plain HTTP for
 loopback registries); a digest reference is checked against the pulled manifest. The image
@@ -11,6 +12,8 @@ run; runs see that rootfs read-only, with a fresh /tmp, the host's network (so a
 127.0.0.1 is reachable) and the given bind mounts, writable (DST defaults to SRC, so paths in
 ARGS stay valid). Entrypoint, Cmd, Env and WorkingDir come from the image config, as with
 `docker run`: ARGS replace Cmd, --entrypoint replaces Entrypoint.
+
+--gpus passes GPUs in: their device nodes and the host driver's libraries (tools/oci/gpus.py).
 
 Exit status is the command's. SIGTERM/SIGINT/SIGHUP sent to this process are forwarded to the
 command (runc forwards them itself; for bwrap they go to the sandboxed process), so a
@@ -34,6 +37,7 @@ if not __package__:  # run as a file (python3 tools/oci/run_image.py): find the 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from tools.cache_dir import kitchen_cache_root  # noqa: E402
+from tools.oci import gpus  # noqa: E402
 from tools.oci import layout as oci  # noqa: E402
 
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -141,7 +145,9 @@ def ensure_mount_points(rootfs: str, binds: list[tuple[str, str]]) -> None:
             open(target, "a").close()
 
 
-def bwrap_command(rootfs: str, command, env, workdir, binds, info_fd: int) -> list[str]:
+def bwrap_command(
+    rootfs: str, command, env, workdir, binds, info_fd: int, gpu: gpus.GpuMounts | None = None
+) -> list[str]:
     argv = ["bwrap", "--ro-bind", rootfs, "/", "--proc", "/proc", "--dev", "/dev"]
     argv += [
         "--tmpfs",
@@ -154,13 +160,17 @@ def bwrap_command(rootfs: str, command, env, workdir, binds, info_fd: int) -> li
     ]
     for src, dst in binds:
         argv += ["--bind", src, dst]
+    if gpu:
+        argv += gpus.bwrap_args(gpu)
     argv += ["--chdir", workdir, "--clearenv"]
     for key, value in env.items():
         argv += ["--setenv", key, value]
     return argv + ["--", *command]
 
 
-def runc_bundle(bundle: str, command, env, workdir, binds, run_dir: str) -> None:
+def runc_bundle(
+    bundle: str, command, env, workdir, binds, run_dir: str, gpu: gpus.GpuMounts | None = None
+) -> None:
     """A per-run runc bundle: umoci's config with our process, read-only root, host network."""
     with open(os.path.join(bundle, "config.json")) as f:
         spec = json.load(f)
@@ -180,6 +190,8 @@ def runc_bundle(bundle: str, command, env, workdir, binds, run_dir: str) -> None
             {"destination": dst, "type": "bind", "source": src, "options": ["rbind", "rw"]}
         )
     spec["mounts"] = mounts
+    if gpu:
+        gpus.runc_spec(spec, gpu)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump(spec, f)
 
@@ -198,8 +210,22 @@ def run(args) -> int:
         print(rootfs)
         return 0
     command, env, workdir = process_spec(config, args)
+    if args.nproc_per_node > 1:  # several processes of the entrypoint, as torchrun starts them
+        command = [
+            "python3", "-m", "torch.distributed.run", "--standalone", "--nnodes=1",
+            f"--nproc-per-node={args.nproc_per_node}", "--no-python", *command,
+        ]  # fmt: skip
     binds = [parse_bind(b) for b in args.bind]
     ensure_mount_points(rootfs, binds)
+    gpu = None
+    if args.gpus:
+        dev_root = args.gpu_dev_root or "/dev"
+        chosen = gpus.parse_gpus(args.gpus, dev_root)
+        gpu = gpus.gpu_mounts(chosen, dev_root, args.gpu_lib_dir or None)
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # host indices; inside, the GPUs are 0..k-1
+        env.update(gpu.env)
+        ensure_mount_points(rootfs, [(d.path, d.path) for d in gpu.devices])
+        ensure_mount_points(rootfs, list(gpu.libraries))
 
     # Signals that arrive before the command is known are delivered once it is.
     target: dict[str, int | None] = {"pid": None}
@@ -220,7 +246,7 @@ def run(args) -> int:
     run_dir = None
     if args.runtime == "bwrap":
         info_read, info_write = os.pipe()
-        argv = bwrap_command(rootfs, command, env, workdir, binds, info_write)
+        argv = bwrap_command(rootfs, command, env, workdir, binds, info_write, gpu)
         proc = subprocess.Popen(argv, pass_fds=[info_write], start_new_session=True)
         os.close(info_write)
         with os.fdopen(info_read) as info:
@@ -229,7 +255,7 @@ def run(args) -> int:
         target["pid"] = json.loads(text)["child-pid"] if text.strip() else proc.pid
     else:
         run_dir = tempfile.mkdtemp(prefix="kitchen-runc-")
-        runc_bundle(bundle, command, env, workdir, binds, run_dir)
+        runc_bundle(bundle, command, env, workdir, binds, run_dir, gpu)
         container = f"kitchen-{uuid.uuid4().hex[:12]}"
         argv = [
             "runc",
@@ -277,6 +303,18 @@ def main() -> int:
     parser.add_argument(
         "--unpack-only", action="store_true", help="unpack, print the rootfs path, exit"
     )
+    parser.add_argument(
+        "--gpus", help="GPUs to pass in: host indices (0,1) or 'all' (tools/oci/gpus.py)"
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=1,
+        help="run the command under torchrun in N processes (the image needs torch)",
+    )
+    # Where the driver is: the host's /dev and ldconfig, unless a test points at a fake one.
+    parser.add_argument("--gpu-dev-root", help=argparse.SUPPRESS)
+    parser.add_argument("--gpu-lib-dir", action="append", help=argparse.SUPPRESS)
     parser.add_argument("args", nargs="*", help="replaces the image's Cmd (put them after --)")
     args = parser.parse_args()
     code = run(args)

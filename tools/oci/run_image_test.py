@@ -164,3 +164,50 @@ def test_runs_as_a_plain_file_outside_bazel(cache_dir, tmp_path):
         timeout=300,
     )
     assert proc.returncode == 7, proc.stderr
+
+
+def fake_driver(root: Path) -> tuple[Path, Path]:
+    """A /dev with two GPUs and a driver library directory, as files: no GPU needed."""
+    dev, lib = root / "dev", root / "lib"
+    dev.mkdir()
+    lib.mkdir()
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):
+        (dev / name).write_text(name)
+    (lib / "libcuda.so.550.54").write_text("driver")
+    (lib / "libcuda.so.1").symlink_to("libcuda.so.550.54")
+    (lib / "libnvidia-ml.so.550.54").write_text("nvml")
+    (lib / "libunrelated.so").write_text("not the driver's")
+    return dev, lib
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_gpus_bring_their_device_nodes_and_the_hosts_driver(cache_dir, tmp_path, runtime):
+    dev, lib = fake_driver(tmp_path)
+    probe = (
+        "import os, sys; d, l = sys.argv[1:]; print(sorted(os.listdir(d)), sorted(os.listdir(l)),"
+        " os.environ.get('LD_LIBRARY_PATH'), os.environ.get('CUDA_VISIBLE_DEVICES'),"
+        " os.environ.get('NVIDIA_VISIBLE_DEVICES'), open(l + '/libcuda.so.1').read())"
+    )
+    proc = run_image(
+        cache_dir, "--gpus", "1", "--gpu-dev-root", str(dev), "--gpu-lib-dir", str(lib),
+        "--env", "CUDA_VISIBLE_DEVICES=1", "--entrypoint", f"python3 -c {probe!r}",
+        "--", str(dev), "/usr/local/nvidia/lib64", runtime=runtime,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # GPU 1 and the control nodes, not GPU 0; the driver's libraries, not the unrelated one;
+    # the host's CUDA_VISIBLE_DEVICES (host indices) stays outside.
+    assert proc.stdout.strip() == (
+        "['nvidia-uvm', 'nvidia1', 'nvidiactl'] "
+        "['libcuda.so.1', 'libcuda.so.550.54', 'libnvidia-ml.so.550.54'] "
+        "/usr/local/nvidia/lib64 None 1 driver"
+    )
+
+
+def test_a_gpu_the_host_lacks_is_named(cache_dir, tmp_path):
+    dev, lib = fake_driver(tmp_path)
+    proc = run_image(
+        cache_dir, "--gpus", "0,3", "--gpu-dev-root", str(dev), "--gpu-lib-dir", str(lib),
+        "--", "x", "exit:0",
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert f"no {dev}/nvidia3 on this machine" in proc.stderr

@@ -159,21 +159,28 @@ def cpu_bench(cfg, ds, warmup: int, steps: int) -> list[str]:
 
 
 def gpu_bench(args, cache_dir: str) -> list[str]:
-    """MFU of a ~1B model (16 x 2048, GQA 16/8, cl100k vocabulary, untied head) per setting."""
-    env = DistEnv(0, 1, 0, torch.device("cuda", 0))
+    """MFU of a ~1B model (16 x 2048, GQA 16/8, cl100k vocabulary, untied head) per setting.
+    `--gpu-model tiny` runs the same rows with a small model, on the CPU when there is no GPU:
+    the plumbing of tools/gpu/verify.sh --tiny, not a measurement."""
+    cuda = torch.cuda.is_available()
+    env = DistEnv(0, 1, 0, torch.device("cuda", 0) if cuda else torch.device("cpu"))
     lines = [
-        f"GPU: {torch.cuda.get_device_name(0)}, torch {torch.__version__}",
+        f"GPU: {torch.cuda.get_device_name(0) if cuda else 'none, CPU'}, torch {torch.__version__}",
         "",
         "| seq | kernels | compile | params | tokens/step | MFU (basis) | TFLOP/s | tokens/s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for seq in args.seq:
         cfg = trainer_config_pb2.TrainerConfig()
-        cfg.data.tokenizer = trainer_config_pb2.CL100K
         cfg.data.seq_len = seq
         m = cfg.model
-        m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim = 2048, 16, 16, 8, 5632
-        m.tie_embeddings = False
+        if args.gpu_model == "1b":
+            cfg.data.tokenizer = trainer_config_pb2.CL100K
+            m.dim, m.n_layers, m.n_heads, m.n_kv_heads, m.ffn_dim = 2048, 16, 16, 8, 5632
+            m.tie_embeddings = False
+        else:
+            cfg.data.max_documents = 50
+            m.dim, m.n_layers, m.n_heads = 64, 2, 4
         cfg.train.micro_batch = max(1, args.tokens_per_step // seq)
         cfg.train.steps = args.gpu_warmup + args.gpu_steps
         cfg.train.log_every, cfg.train.eval_every = 1, 0
@@ -229,6 +236,7 @@ def main() -> int:
     p.add_argument("--gpu-warmup", type=int, default=3)
     p.add_argument("--gpu-steps", type=int, default=10)
     p.add_argument("--skip-cpu", action="store_true")
+    p.add_argument("--gpu-model", choices=("1b", "tiny"), default="1b", help="tiny: CPU plumbing")
     args = p.parse_args()
 
     lines = [
@@ -249,7 +257,7 @@ def main() -> int:
         lines.append("")
     lines.append("## GPU: MFU of a ~1B model on packed rows")
     lines.append("")
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or args.gpu_model == "tiny":
         lines += gpu_bench(args, args.cache_dir)
     else:
         lines.append("No CUDA device here: not measured.")
