@@ -16,6 +16,7 @@ from protos import progress_log
 from trainer.sizing import flops
 
 BADPUT = ("startup", "data", "checkpoint_save", "checkpoint_restore", "lost", "eval")
+BADPUT += ("sdc_rollback",)  # progress thrown away when replicas disagreed (trainer/health)
 
 
 def process_start_time() -> float:
@@ -57,9 +58,9 @@ class Goodput:
     def checkpointed(self) -> None:
         self.since_checkpoint = 0.0
 
-    def rolled_back(self) -> None:
+    def rolled_back(self, badput: str = "lost") -> None:
         self.seconds["productive"] -= self.since_checkpoint
-        self.seconds["lost"] += self.since_checkpoint
+        self.seconds[badput] += self.since_checkpoint
         self.since_checkpoint = 0.0
 
     def wall(self) -> float:
