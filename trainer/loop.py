@@ -333,6 +333,11 @@ class Trainer:
             self.goodput.add("startup", step_s - data_s)  # mostly compiling the blocks
         else:
             self.goodput.add("productive", step_s - data_s)
+        # Before this step's metrics: a step from corrupted state is rolled back, not logged.
+        mismatch = self.health.check_replicas(self.step, self.model, self.optimizer)
+        if verdict is Verdict.OK and mismatch is not None:
+            self._sdc_rollback(mismatch)
+            return None
         positions = sum(b["document_ids"].numel() for b in batches) * self.env.world_size
         tokens = positions - int(agreed[1])
         self.tokens_total += tokens
@@ -348,10 +353,6 @@ class Trainer:
             self.log(f"step {self.step}: loss {loss:.4g} rejected by the loss guard")
         if verdict is Verdict.ROLLBACK:
             self._rollback()
-            return None
-        mismatch = self.health.check_replicas(self.step, self.model, self.optimizer)
-        if mismatch is not None:
-            self._sdc_rollback(mismatch)
             return None
         if self.step % t.log_every == 0 or self.step in (first_step + 1, t.steps):
             self._log_step(grad_norm, lr)
