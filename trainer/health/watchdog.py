@@ -157,14 +157,13 @@ class Watchdog:
             while self.store.add(DUMPED_KEY, 0) < self.world_size and time.monotonic() < deadline:
                 time.sleep(0.1)
             keys = [self._key(r) for r in range(self.world_size)]
+            # A rank that never sent a heartbeat is further behind than anyone.
             beats = [
-                Heartbeat(**json.loads(self.store.get(k))) if self.store.check([k]) else None
-                for k in keys
+                Heartbeat(**json.loads(self.store.get(k)))
+                if self.store.check([k])
+                else Heartbeat(r, "?", 0, -1, False, 0.0)
+                for r, k in enumerate(keys)
             ]
-            missing = [r for r, b in enumerate(beats) if b is None]
-            beats = [b for b in beats if b is not None] or [mine]
-            if missing:  # never sent a heartbeat: further behind than anyone
-                beats = [Heartbeat(r, "?", 0, -1, False, 0.0) for r in missing] + beats
         dumps = hang_report.hang_dir(self.run_dir)
         message, stuck = describe(beats, dumps, self.timeout)
         report = hang_report.HangReport(
