@@ -4,6 +4,7 @@ Every helper here also works without a process group, so the loop has one code p
 """
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass
 
@@ -64,7 +65,12 @@ def wrap(model: torch.nn.Module, parallelism: str, env: DistEnv, param_dtype: to
         ids = [env.local_rank] if env.device.type == "cuda" else None
         # The only buffers are the rotary tables, derived and equal on every rank: no
         # broadcast before each forward (where a slow peer's wait would hide from the hook).
-        ddp = DistributedDataParallel(model, device_ids=ids, broadcast_buffers=False)
+        # torch 2.13 renamed the switch; the GPU machines' 2.11 has only the old name.
+        params = inspect.signature(DistributedDataParallel).parameters
+        no_sync = (
+            "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+        )
+        ddp = DistributedDataParallel(model, device_ids=ids, **{no_sync: False})
         ddp.register_comm_hook(None, ddp_comm_hook(TRACKER))  # times the wait on peers
         return ddp
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

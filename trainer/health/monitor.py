@@ -43,6 +43,17 @@ class HealthMonitor:
         self.watchdog = Watchdog(
             run_dir, env.rank, env.world_size, h.hang_timeout_seconds, TRACKER, _store(), log
         )
+        if self.sdc.enabled:
+            checks = f"replica checks every {h.sdc_check_every} steps and before each checkpoint"
+        elif not replicated:
+            checks = f"replica checks off ({parallelism}: no replicas to compare)"
+        else:
+            checks = "replica checks off (health.sdc_check_every 0)"
+        watchdog = f"{h.hang_timeout_seconds:g} s" if h.hang_timeout_seconds else "off"
+        log(
+            f"health: {checks}; hang watchdog {watchdog}; stragglers logged above "
+            f"{self.factor:g}x the median rank's busy time"
+        )
         self.faults = faults.Injector.from_env(env.rank)
         injected = faults.parse_env()
         for fault in injected:
