@@ -53,7 +53,8 @@ def row(name: str, dim: int, layers: int, device: torch.device) -> str:
         optimizer.zero_grad(set_to_none=True)
 
     step()  # warm-up; creates the optimizer state the check reads
-    steps, checks = [], []
+    steps: list[float] = []
+    checks: list[float] = []
     for _ in range(ROUNDS):
         for fn, out in ((step, steps), (lambda: state_checksums(model, optimizer), checks)):
             if device.type == "cuda":
