@@ -44,6 +44,7 @@ GUIDES = (
     "launcher.md",
     "observability.md",
     "images.md",
+    "reliability.md",
 )
 JOB_TARGETS = ("//launcher:submit", "//trainer:train")
 COMMAND_TIMEOUT_S = 600

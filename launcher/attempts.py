@@ -16,7 +16,7 @@ from launcher.executors import handoff
 from launcher.executors.base import Launch, Observed, Status, last_line
 from launcher.faults import ErrorLog, Holds
 from launcher.unfinished import LiveAttempt
-from protos import job_pb2, launcher_pb2
+from protos import hang_report, job_pb2, launcher_pb2
 
 
 class Attempts:
@@ -85,12 +85,27 @@ class Attempts:
                 pass
         if not scheduler.hung(last, timeout, now):
             return ""
-        return f"no progress for {now - last:.0f} s (timeout {timeout:.0f} s)"
+        reason = f"no progress for {now - last:.0f} s (timeout {timeout:.0f} s)"
+        found = self.trainer_hang_report(live)
+        return f"{reason}; the trainer's watchdog: {found}" if found else reason
+
+    def trainer_hang_report(self, live: LiveAttempt) -> str:
+        """The message of this attempt's trainer hang report (trainer/health/watchdog.py: it
+        names the stuck rank and the stack dumps), or ""."""
+        try:
+            report = hang_report.read_report(live.job.run_dir)
+        except ValueError as e:
+            return str(e)
+        if report is None or report.written_at < live.started_at:
+            return ""  # none, or an earlier attempt's
+        return report.message
 
     def end_detail(self, live: LiveAttempt, seen: Observed) -> str:
         """What to say about an ended attempt: the executor's words, else the log's last line."""
         if live.job.stop == job_pb2.STOP_HANG:
             return live.job.exit_reason
+        if seen.exit_code not in (0, None) and (found := self.trainer_hang_report(live)):
+            return found
         if not seen.detail and seen.exit_code not in (0, None):
             return last_line(os.path.join(live.handle["attempt_dir"], "output.log"))
         return seen.detail

@@ -11,6 +11,14 @@ Launcher-wide: kitchen_jobs{state,pool}, kitchen_queue_depth{pool},
   kitchen_job_queue_wait_seconds{pool,team} (histogram), kitchen_scheduler_pass_duration_seconds
   (histogram), kitchen_pool_capacity{pool,resource}, kitchen_pool_in_use{pool,resource}.
 Cardinality stays bounded: a finished job's series are dropped `retention` seconds after it ends.
+
+Per rank (the job's labels plus rank and host; trainer/health/, docs/reliability.md), from the
+latest report's kitchen.v1.RankHealth: kitchen_train_rank_step_seconds,
+kitchen_train_rank_data_seconds, kitchen_train_rank_collective_wait_seconds,
+kitchen_train_rank_straggler_score, kitchen_train_rank_sdc_mismatches; and per job
+kitchen_train_sdc_rollbacks_total. The `rank` label is bounded: only the RANK_SERIES_LIMIT ranks
+most worth a look (any that lost a replica check, then the highest straggler scores) are
+exported, so a 4,096-rank job adds 8 series per metric, not 4,096.
 """
 
 import bisect
@@ -28,6 +36,28 @@ JOB_LABELS = ["job_id", "name", "kind", "pool", "team"]
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 24 * 3600)
 PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
+RANK_LABELS = [*JOB_LABELS, "rank", "host"]
+RANK_SERIES_LIMIT = 8
+# (metric, help, RankHealth field) of the per-rank gauges.
+_RANK_GAUGES = [
+    ("kitchen_train_rank_step_seconds", "Mean step time of one rank.", "step_time_seconds"),
+    ("kitchen_train_rank_data_seconds", "Mean data time of one rank.", "data_time_seconds"),
+    (
+        "kitchen_train_rank_collective_wait_seconds",
+        "Mean time per step one rank waits in collectives for its peers.",
+        "collective_wait_seconds",
+    ),
+    (
+        "kitchen_train_rank_straggler_score",
+        "A rank's busy time (step minus collective wait) over the median rank's.",
+        "straggler_score",
+    ),
+    (
+        "kitchen_train_rank_sdc_mismatches",
+        "Cross-replica checks a rank lost (its parameters or optimizer state differed).",
+        "sdc_mismatches",
+    ),
+]
 # (metric, help, Progress field) of the per-job gauges.
 _GAUGES = [
     ("kitchen_train_step", "Latest reported optimizer step.", "step"),
@@ -48,6 +78,7 @@ class _JobSeries:
     def __init__(self, labels):
         self.labels = labels
         self.progress = None
+        self.ranks = []  # the latest non-empty Progress.ranks
         self.has_eval = False
         self.last_step = None
         self.buckets = [0] * (len(STEP_BUCKETS) + 1)
@@ -120,6 +151,8 @@ class LauncherMetrics:
             series.last_step = p.step if series.last_step is None else max(p.step, series.last_step)
             series.has_eval = series.has_eval or p.eval_loss != 0
             series.progress = p
+            if p.ranks:
+                series.ranks = list(p.ranks)
 
     def attempt_ended(self, job: job_pb2.Job, preempted: bool):
         with self._lock:
@@ -177,6 +210,7 @@ class LauncherMetrics:
             hist.add_metric(s.labels, cumulative, s.step_seconds_sum)
         yield from gauges.values()
         yield from (hist, tokens, attempts, preemptions)
+        yield from _rank_families(jobs)
 
     def _fleet_families(self, fleet):
         jobs = GaugeMetricFamily(
@@ -205,3 +239,28 @@ class LauncherMetrics:
 
     def describe(self):
         return []  # collected on demand only: series come and go with jobs
+
+
+def ranks_to_export(ranks: list) -> list:
+    """At most RANK_SERIES_LIMIT RankHealth: those that lost a replica check, then the highest
+    straggler scores (ties: the lower rank)."""
+    ordered = sorted(ranks, key=lambda r: (-(r.sdc_mismatches > 0), -r.straggler_score, r.rank))
+    return ordered[:RANK_SERIES_LIMIT]
+
+
+def _rank_families(jobs):
+    gauges = {n: GaugeMetricFamily(n, doc, labels=RANK_LABELS) for n, doc, _ in _RANK_GAUGES}
+    rollbacks = CounterMetricFamily(
+        "kitchen_train_sdc_rollbacks",
+        "Rollbacks after data-parallel replicas disagreed (silent data corruption).",
+        labels=JOB_LABELS,
+    )
+    for s in jobs:
+        if s.progress is None:
+            continue
+        rollbacks.add_metric(s.labels, s.progress.sdc_rollbacks)
+        for r in ranks_to_export(s.ranks):
+            for name, _, field in _RANK_GAUGES:
+                gauges[name].add_metric([*s.labels, str(r.rank), r.host], getattr(r, field))
+    yield from gauges.values()
+    yield rollbacks

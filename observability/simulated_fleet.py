@@ -9,6 +9,7 @@ tests/ runs the same checks against the whole launcher running a real tiny job.
 
 import math
 import random
+import statistics
 import threading
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
@@ -34,6 +35,24 @@ class SimulatedJob:
     padding_fraction: float
     step: int = 0
     diverged: bool = False  # set to make the loss NaN from the next step on
+
+
+def simulated_ranks(step_time: float, rng: random.Random) -> list[progress_pb2.RankHealth]:
+    """Four data-parallel ranks of one step: equally busy, each waiting a little on the others."""
+    waits = [rng.uniform(0.02, 0.08) * step_time for _ in range(4)]
+    busy = [step_time - w for w in waits]
+    median = statistics.median(busy)
+    return [
+        progress_pb2.RankHealth(
+            rank=r,
+            host=f"node-{r // 2}",
+            step_time_seconds=step_time,
+            data_time_seconds=0.02 * step_time,
+            collective_wait_seconds=waits[r],
+            straggler_score=busy[r] / median,
+        )
+        for r in range(4)
+    ]
 
 
 def _job(
@@ -137,6 +156,7 @@ class SimulatedFleet:
             padding_fraction=sim.padding_fraction,
             goodput=min(0.97, 0.5 + sim.step / 400),
             tokens_total=sim.tokens_per_step * sim.step,
+            ranks=simulated_ranks(step_time, rng),
         )
 
     def tick(self) -> None:

@@ -114,6 +114,11 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "top_p": Field(0.95, 0, 1, low_open=True),
         "seed": Field(0, 0, INT64_MAX),
     },
+    "health": {
+        "sdc_check_every": Field(50, 0, 1 << 30),
+        "hang_timeout_seconds": Field(600.0, 0, 1e6),
+        "straggler_factor": Field(1.5, 1, 1e6, low_open=True),
+    },
 }
 
 # Enum fields whose UNSPECIFIED value means a named default (written beside the UNSPECIFIED

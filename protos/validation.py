@@ -211,6 +211,7 @@ def validate_trainer(
     validate_data(d)
     for section in ("model", "optim", "train", "checkpoint", "generate"):
         _ranges(getattr(cfg, section), section, f"trainer.{section}")
+    _ranges(cfg.health, "health", "trainer.health")
     if kind == job_pb2.SFT:
         _check(
             d.format == trainer_config_pb2.JSONL_CHAT,

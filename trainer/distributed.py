@@ -4,11 +4,14 @@ Every helper here also works without a process group, so the loop has one code p
 """
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from trainer.health.collectives import TRACKER, ddp_comm_hook
 
 
 @dataclass(frozen=True)
@@ -60,7 +63,16 @@ def wrap(model: torch.nn.Module, parallelism: str, env: DistEnv, param_dtype: to
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [env.local_rank] if env.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        # The only buffers are the rotary tables, derived and equal on every rank: no
+        # broadcast before each forward (where a slow peer's wait would hide from the hook).
+        # torch 2.13 renamed the switch; the GPU machines' 2.11 has only the old name.
+        params = inspect.signature(DistributedDataParallel).parameters
+        no_sync = (
+            "forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"
+        )
+        ddp = DistributedDataParallel(model, device_ids=ids, **{no_sync: False})
+        ddp.register_comm_hook(None, ddp_comm_hook(TRACKER))  # times the wait on peers
+        return ddp
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
@@ -95,7 +107,8 @@ def gradient_sync(model: torch.nn.Module, enabled: bool):
 
 def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     if active():
-        dist.all_reduce(values, op=dist.ReduceOp.SUM)
+        with TRACKER.waiting():
+            dist.all_reduce(values, op=dist.ReduceOp.SUM)
     return values
 
 
@@ -104,7 +117,8 @@ def broadcast_object(obj, src: int = 0):
     if not active():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    with TRACKER.waiting():
+        dist.broadcast_object_list(box, src=src)
     return box[0]
 
 
@@ -113,10 +127,12 @@ def gather_objects(obj) -> list:
     if not active():
         return [obj]
     out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    with TRACKER.waiting():
+        dist.all_gather_object(out, obj)
     return out
 
 
 def barrier() -> None:
     if active():
-        dist.barrier()
+        with TRACKER.waiting():
+            dist.barrier()

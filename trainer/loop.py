@@ -22,6 +22,7 @@ from trainer import checkpoint, distributed, evaluate
 from trainer.config import train_dtype
 from trainer.distributed import DistEnv
 from trainer.grad_noise import GradientNoiseScale
+from trainer.health.monitor import HealthMonitor
 from trainer.loss_guard import LossGuard, Verdict
 from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_start_time
 from trainer.model import Transformer, attention_layout, select_ops
@@ -126,6 +127,7 @@ class Trainer:
         )
         self.guard = LossGuard(t.spike_factor, t.max_bad_steps)
         self.noise = GradientNoiseScale()
+        self.health = HealthMonitor(cfg, env, self.parallelism, self.run_dir, log)
         self.goodput = Goodput(process_start_time())
         self.metrics = MetricsLogger(
             self.run_dir,
@@ -178,10 +180,16 @@ class Trainer:
         return path
 
     def restore(
-        self, path: Path, meta: checkpoint.CheckpointMeta, *, rollback: bool = False
+        self,
+        path: Path,
+        meta: checkpoint.CheckpointMeta,
+        *,
+        rollback: bool = False,
+        badput: str = "lost",
     ) -> None:
         """Load checkpoint `path`. A resume also restores the data position and RNG; a
-        rollback keeps the loader where it is, so the batches that caused it are skipped."""
+        rollback keeps the loader where it is, so the batches that caused it are skipped.
+        `badput`: the goodput bucket the rolled-back progress goes to."""
         start = time.perf_counter()
         if meta.world_size != self.env.world_size:
             raise TrainingError(
@@ -195,7 +203,7 @@ class Trainer:
             counters = self.guard.skipped, self.guard.rollbacks
             self.guard.load_state_dict(state["guard"])
             self.guard.skipped, self.guard.rollbacks = counters
-            self.goodput.rolled_back()
+            self.goodput.rolled_back(badput)
         else:
             self.loader.load_state_dict(meta.loader[self.env.rank])
             set_rng_state(state["rng"], self.device)
@@ -282,9 +290,13 @@ class Trainer:
         self.goodput.add("startup", time.time() - self.goodput.started - self.restore_s)
         self.metrics.identity["total_steps"] = self.cfg.train.steps
         first_step = self.step
-        while self.step < self.cfg.train.steps:
-            if self.advance(first_step) is Outcome.PREEMPTED:
-                return Outcome.PREEMPTED
+        self.health.start()
+        try:
+            while self.step < self.cfg.train.steps:
+                if self.advance(first_step) is Outcome.PREEMPTED:
+                    return Outcome.PREEMPTED
+        finally:
+            self.health.stop()
         if self.step > first_step:
             self.log(f"saved {self.save()}")
         self.evaluate()
@@ -294,6 +306,7 @@ class Trainer:
         """One optimizer step and what follows it (metrics, checkpoint, eval); PREEMPTED when
         a stop was requested instead. `first_step`: where this process started (logged)."""
         t, every = self.cfg.train, self.cfg.checkpoint.every_steps
+        self.health.step_started(self.step + 1)
         start = time.perf_counter()
         batches = self._micro_batches()
         data_s = time.perf_counter() - start
@@ -307,6 +320,7 @@ class Trainer:
             path = self.save()
             self.log(f"stop requested: saved {path} at step {self.step}; exiting")
             return Outcome.PREEMPTED
+        self.health.before_compute()
         loss, grad_norm = self.train_step(batches, max(agreed[0], 1.0))
         verdict = self.guard.check(loss)
         if verdict is Verdict.OK:
@@ -321,6 +335,7 @@ class Trainer:
         self.step += 1
         self.loader_position = self.loader.state_dict()
         step_s = time.perf_counter() - start
+        self.health.step_ended(self.step, step_s, data_s, distributed.unwrap(self.model))
         self.goodput.add("data", data_s)
         if verdict is not Verdict.OK:
             self.goodput.add("lost", step_s - data_s)
@@ -328,6 +343,11 @@ class Trainer:
             self.goodput.add("startup", step_s - data_s)  # mostly compiling the blocks
         else:
             self.goodput.add("productive", step_s - data_s)
+        # Before this step's metrics: a step from corrupted state is rolled back, not logged.
+        mismatch = self.health.check_replicas(self.step, self.model, self.optimizer)
+        if verdict is Verdict.OK and mismatch is not None:
+            self._sdc_rollback(mismatch)
+            return None
         positions = sum(b["document_ids"].numel() for b in batches) * self.env.world_size
         tokens = positions - int(agreed[1])
         self.tokens_total += tokens
@@ -365,6 +385,20 @@ class Trainer:
         self.log(message)
         self.metrics.write(self._progress(phase="train", message=message))
 
+    def _sdc_rollback(self, mismatch) -> None:
+        """Replicas disagree: every rank restores the newest checkpoint (each was checked
+        before it was saved) and replays its batches; the lost time is "sdc_rollback" badput."""
+        found = self.checkpointer.find(warn=self.log)
+        if not found:
+            raise TrainingError(f"{mismatch}; no checkpoint to roll back to")
+        self.restore(*found, rollback=True, badput="sdc_rollback")
+        self.loader.load_state_dict(found[1].loader[self.env.rank])
+        self.loader_position = self.loader.state_dict()
+        self.health.sdc.rollbacks += 1
+        message = f"{mismatch}: rolled back to {found[0].name}"
+        self.log(message)
+        self.metrics.write(self._progress(phase="train", message=message))
+
     def _progress(self, **fields):
         from protos import progress_pb2
 
@@ -378,6 +412,7 @@ class Trainer:
             "rollbacks": self.guard.rollbacks,
             "tokens_total": self.tokens_total,
             "goodput": self.goodput.fraction(),
+            **self.health.counters(),
         }
 
     def _log_step(self, grad_norm: float, lr: float) -> None:
@@ -387,6 +422,7 @@ class Trainer:
             lr=lr,
             peak_memory_bytes=peak_memory_bytes(self.device),
             gradient_noise_scale=self.noise.value,
+            ranks=self.health.rank_report(),
             **self._counters(),
         )
         self.log(self.metrics.human_line(p))

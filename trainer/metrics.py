@@ -15,7 +15,16 @@ import torch
 from protos import progress_log
 from trainer.sizing import flops
 
-BADPUT = ("startup", "data", "checkpoint_save", "checkpoint_restore", "lost", "eval")
+# sdc_rollback: progress thrown away when data-parallel replicas disagreed (trainer/health/).
+BADPUT = (
+    "startup",
+    "data",
+    "checkpoint_save",
+    "checkpoint_restore",
+    "lost",
+    "eval",
+    "sdc_rollback",
+)
 
 
 def process_start_time() -> float:
@@ -40,7 +49,8 @@ class Goodput:
     """Productive training time over wall time since the job started, across restarts.
 
     Badput: start-up, data loading, checkpoint save, checkpoint restore, progress lost (steps
-    redone after a restart or rollback, updates skipped by the loss guard) and evaluation.
+    redone after a restart or rollback, updates skipped by the loss guard), evaluation, and
+    steps rolled back because replicas disagreed (silent data corruption).
     """
 
     def __init__(self, started: float):
@@ -57,9 +67,9 @@ class Goodput:
     def checkpointed(self) -> None:
         self.since_checkpoint = 0.0
 
-    def rolled_back(self) -> None:
+    def rolled_back(self, badput: str = "lost") -> None:
         self.seconds["productive"] -= self.since_checkpoint
-        self.seconds["lost"] += self.since_checkpoint
+        self.seconds[badput] += self.since_checkpoint
         self.since_checkpoint = 0.0
 
     def wall(self) -> float:

@@ -3,6 +3,7 @@
 from grafana_foundation_sdk.builders import dashboard, stat
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
+from observability.dashboards import health_panels
 from observability.dashboards.panels import (
     kitchen_dashboard,
     multi_value_variable,
@@ -179,5 +180,9 @@ def build() -> Dashboard:
                 min_value=0,
             )
         )
+        .with_row(dashboard.Row("Health by rank"))
+        .with_panel(health_panels.straggler_scores(JOB))
+        .with_panel(health_panels.collective_wait(JOB))
+        .with_panel(health_panels.silent_data_corruption(JOB))
         .build()
     )

@@ -1,0 +1,94 @@
+"""What a replica check costs next to a training step (trainer/health/sdc.py).
+
+For three model sizes, on this process's device: the median time of one training step (forward,
+backward, AdamW step on B x T random tokens) and of `state_checksums` (bit sums of the
+parameters and the optimizer state), measured in alternating rounds in one run, and their
+ratio. At the default of one check every 50 steps the check costs ratio / 50 of training time.
+
+    PYTHONPATH=.:.gen python trainer/health/bench/sdc_bench.py [--out FILE.md]
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+from protos import trainer_config_pb2
+from protos.validation import resolve_trainer
+from trainer.health.sdc import state_checksums
+from trainer.model import Transformer, attention_layout, select_ops
+
+SIZES = {"guide (dim 64, 2 layers)": (64, 2), "tiny.yaml (256, 4)": (256, 4), "(512, 8)": (512, 8)}
+VOCAB, BATCH, SEQ, ROUNDS = 4096, 4, 128, 5
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} CPUs"
+
+
+def row(name: str, dim: int, layers: int, device: torch.device) -> str:
+    cfg = trainer_config_pb2.TrainerConfig()
+    cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads = dim, layers, 4
+    cfg.data.seq_len, cfg.data.vocab_size = SEQ, VOCAB
+    cfg = resolve_trainer(cfg)
+    model = Transformer(cfg.model, VOCAB, ops=select_ops(False, device)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), device=device)
+    positions = torch.arange(SEQ, device=device).expand(BATCH, SEQ)
+    layout = attention_layout(torch.zeros(BATCH, SEQ, dtype=torch.int32), device, torch.float32)
+
+    def step() -> None:
+        model(ids, positions, layout, ids).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # warm-up; creates the optimizer state the check reads
+    steps: list[float] = []
+    checks: list[float] = []
+    for _ in range(ROUNDS):
+        for fn, out in ((step, steps), (lambda: state_checksums(model, optimizer), checks)):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            out.append(time.perf_counter() - start)
+    params = sum(p.numel() for p in model.parameters())
+    s, c = statistics.median(steps), statistics.median(checks)
+    return (
+        f"| {name} | {params / 1e6:.2f} M | {s * 1e3:,.1f} ms | {c * 1e3:,.1f} ms | {c / s:.3f} |"
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", help="also write the table to this Markdown file")
+    args = p.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    lines = [
+        f"# Replica check cost ({datetime.date.today()}, {machine()}, {device.type}, "
+        f"{torch.get_num_threads()} threads, fp32, batch {BATCH} x {SEQ})",
+        "",
+        "| model | parameters | training step | state_checksums | check / step |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    lines += [row(name, dim, layers, device) for name, (dim, layers) in SIZES.items()]
+    print("\n".join(lines))
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
