@@ -114,6 +114,22 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "top_p": Field(0.95, 0, 1, low_open=True),
         "seed": Field(0, 0, INT64_MAX),
     },
+    "rl": {  # #14: REWARD, DPO, PPO (trainer/rl/)
+        "beta": Field(0.1, 0, 100, low_open=True),
+        "label_smoothing": Field(0.0, 0, 0.5, high_open=True),
+        "kl_coef": Field(0.05, 0, 100),
+        "group_size": Field(4, 1, 1024),
+        "rollout_prompts": Field(8, 1, 1 << 16),
+        "ppo_epochs": Field(2, 1, 100),
+        "clip_range": Field(0.2, 0, 10, low_open=True),
+        "value_clip": Field(0.2, 0, 1e6, low_open=True),
+        "gamma": Field(1.0, 0, 1),
+        "gae_lambda": Field(0.95, 0, 1),
+        "value_coef": Field(0.5, 0, 100),
+        "max_new_tokens": Field(24, 1, 1 << 16),
+        "temperature": Field(1.0, 0, 100, low_open=True),
+        "eval_fraction": Field(0.1, 0, 1, high_open=True),
+    },
 }
 
 # Enum fields whose UNSPECIFIED value means a named default (written beside the UNSPECIFIED
@@ -124,6 +140,9 @@ ENUM_DEFAULTS: dict[tuple[str, str], str] = {
     ("data", "packing"): "BEST_FIT",
     ("optim", "schedule"): "COSINE",
     ("train", "recompute"): "NONE",
+    ("rl", "reward"): "REWARD_MODEL",
+    ("rl", "dpo_loss"): "SIGMOID",
+    ("rl", "algorithm"): "CLIPPED_PPO",
 }
 
 # train.dtype spellings -> torch dtype names ("" = automatic: bf16 on CUDA, fp32 elsewhere).
