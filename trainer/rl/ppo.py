@@ -96,7 +96,7 @@ def update(job, model: policy.WithHead | None, lm, r: Rollout, optimizer, schedu
                     values, r.old_values[idx], r.returns[idx], mask, rl.value_clip
                 )
                 loss = loss + rl.value_coef * vloss
-                sums["value_loss"] += float(vloss)
+                sums["value_loss"] += float(vloss.detach())
             else:
                 loss = loss + rl.kl_coef * losses.masked_mean(
                     losses.k3_kl(logps, r.ref_logps[idx]), mask
@@ -105,7 +105,7 @@ def update(job, model: policy.WithHead | None, lm, r: Rollout, optimizer, schedu
             sums["grad_norm"] += rljob.clip_and_step(
                 params, optimizer, scheduler, job.cfg.optim.grad_clip
             )
-            sums["loss"] += float(loss)
+            sums["loss"] += float(loss.detach())
             sums["clip_fraction"] += float(clipped)
             sums["entropy"] += float(losses.masked_mean(entropy.detach(), mask))
             count += 1
