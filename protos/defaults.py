@@ -9,7 +9,8 @@ is one the trainer accepts.
 
 Defaults that depend on other fields or on the machine are DERIVED, computed in
 `with_defaults`: n_kv_heads (= n_heads), ffn_dim (8/3 dim), max_seq_len (= data.seq_len),
-workers (the CPUs this process may use), parallelism (SINGLE, or DDP with several processes).
+workers (the CPUs this process may use), parallelism (SINGLE, or DDP with several processes),
+rl.pass_verifier (= rl.reward).
 """
 
 import dataclasses
@@ -209,6 +210,8 @@ def with_defaults(
     if out.train.parallelism == trainer_config_pb2.PARALLELISM_UNSPECIFIED:
         several = world_size > 1
         out.train.parallelism = trainer_config_pb2.DDP if several else trainer_config_pb2.SINGLE
+    if out.rl.pass_verifier == trainer_config_pb2.REWARD_SOURCE_UNSPECIFIED:  # #14
+        out.rl.pass_verifier = out.rl.reward
     m = out.model
     if not m.HasField("n_kv_heads"):
         m.n_kv_heads = m.n_heads

@@ -56,7 +56,7 @@ def pair_loss(job: rljob.RlJob, model, ref, pairs: list[data.PreferencePair]):
         loss=rl.dpo_loss, label_smoothing=rl.label_smoothing,
     )  # fmt: skip
     stats = DpoStats(
-        float(out.mean()),
+        float(out.mean().detach()),
         float(chosen.mean()),
         float(rejected.mean()),
         float((chosen > rejected).float().mean()),

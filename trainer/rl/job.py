@@ -165,6 +165,7 @@ def load_reward_model(job: RlJob, path: str) -> tuple[torch.nn.Module, policy.Sc
 
 
 def verifier_of(cfg) -> verifiers.Verifier | None:
+    """The verifier that rewards rollouts (None: the reward model does)."""
     return verifiers.VERIFIERS.get(cfg.rl.reward)
 
 
@@ -224,7 +225,7 @@ def evaluate_policy(
     )
     starts = [len(ids[i // samples_per_prompt]) for i in range(len(out))]
     texts = [job.tokenizer.decode(o[s:]) for o, s in zip(out, starts, strict=True)]
-    verify = verifier_of(job.cfg)
+    verify = verifiers.VERIFIERS.get(rl.pass_verifier)
     rate = float("nan")
     if verify is not None:
         passed = [verify(prompts[i // samples_per_prompt], t) for i, t in enumerate(texts)]

@@ -14,8 +14,7 @@ import torch
 from protos.exit_codes import ExitCode
 from trainer import main
 from trainer.rl import preferences
-from trainer.sft_test import chat_file
-from trainer.testing import tiny_job, write_job
+from trainer.testing import chat_file, tiny_job, write_job
 
 torch.set_num_threads(1)
 
@@ -75,7 +74,7 @@ def test_preferences_reward_model_dpo_and_grpo_measurably_improve(sft, capsys):
     assert reward["heldout_pairs"] >= 20
     assert reward["heldout_accuracy"] >= 0.75  # measured 100% on 32 pairs; chance is 50%
 
-    dpo_rl = dict(pref_rl, reward="sentence", beta=0.1)
+    dpo_rl = dict(pref_rl, pass_verifier="sentence", beta=0.1)
     dpo = run(tmp, rl_job(sft, "dpo", "DPO", 60, 1e-3, dpo_rl), "dpo")
     # measured 11.7% -> 57.8% of 128 samples, KL 8.5 nats
     assert dpo["pass_rate_after"] >= dpo["pass_rate_before"] + 0.2
