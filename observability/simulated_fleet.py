@@ -83,7 +83,7 @@ def default_fleet() -> list[SimulatedJob]:
     ]
 
 
-def _rl_fields(kind: job_pb2.JobKind.ValueType, step: int, rng: random.Random) -> dict:
+def _rl_fields(kind: job_pb2.JobKind, step: int, rng: random.Random) -> dict:
     """What a PPO or DPO job reports besides the training fields (trainer/rl/)."""
     if kind == job_pb2.PPO:
         rollout = rng.uniform(1.1, 1.3)

@@ -80,7 +80,7 @@ def run(cfg, attempt, env, log, client) -> ExitCode:
     ref = rljob.reference(job)
     train, heldout = split_pairs(job)
     prompts = sorted({p.prompt for p in heldout})
-    model = job.policy.model.train()
+    model = job.actor.model.train()
     t = cfg.train
     optimizer, scheduler = job.optimizer(model, t.steps)
     generator = torch.Generator().manual_seed(t.seed)

@@ -32,18 +32,18 @@ class RlJob:
     """A started REWARD, DPO or PPO job: its config, where it writes, its policy."""
 
     cfg: trainer_config_pb2.TrainerConfig
-    kind: job_pb2.JobKind.ValueType
+    kind: job_pb2.JobKind
     run_dir: Path
     env: DistEnv
     log: Callable[[str], None]
     metrics: MetricsLogger
     tokenizer: Tokenizer
-    policy: policy.Loaded
+    actor: policy.Loaded  # the policy being trained, from trainer.checkpoint.path
     stop_requested: Callable[[], bool]
 
     @property
     def max_len(self) -> int:
-        return self.policy.meta.model.max_seq_len
+        return self.actor.meta.model.max_seq_len
 
     def prompt_ids(self, prompt: str) -> list[int]:
         ids, _ = policy.layout(
@@ -77,9 +77,9 @@ class RlJob:
     def save(self, step: int, model, optimizer, extra: dict | None = None) -> Path:
         run = checkpoint.TrainingRun(
             kind=job_pb2.JobKind.Name(self.kind),
-            model=self.policy.meta.model,
-            vocab_size=self.policy.meta.vocab_size,
-            dataset=self.policy.meta.dataset,
+            model=self.actor.meta.model,
+            vocab_size=self.actor.meta.vocab_size,
+            dataset=self.actor.meta.dataset,
             world_size=1,
         )
         saver = checkpoint.Checkpointer(
@@ -145,7 +145,7 @@ def reference(job: RlJob) -> torch.nn.Module:
         job.env.device,
         job.cfg.model.use_kernels,
     )
-    policy.check_matches(job.policy, ref, field)
+    policy.check_matches(job.actor, ref, field)
     job.log(f"reference {ref.path} ({ref.meta.kind} step {ref.meta.step}), frozen")
     return policy.frozen(ref.model)
 
@@ -157,7 +157,7 @@ def load_reward_model(job: RlJob, path: str) -> tuple[torch.nn.Module, policy.Sc
     loaded = policy.load(path, field, job.env.device, job.cfg.model.use_kernels, files)
     if loaded.meta.kind != "REWARD":
         raise ConfigError(field, f"{path} is a {loaded.meta.kind} checkpoint, not a REWARD one")
-    policy.check_matches(job.policy, loaded, field, shape=False)
+    policy.check_matches(job.actor, loaded, field, shape=False)
     head = policy.ScalarHead(loaded.meta.model).to(job.env.device)
     head.load_state_dict(torch.load(loaded.path / policy.HEAD_FILE, map_location="cpu"))
     job.log(f"reward model {loaded.path} (step {loaded.meta.step})")

@@ -21,7 +21,7 @@ def dpo_loss(
     ref_rejected_logps: torch.Tensor,
     beta: float,
     *,
-    loss: trainer_config_pb2.DpoLoss.ValueType = trainer_config_pb2.SIGMOID,
+    loss: trainer_config_pb2.DpoLoss = trainer_config_pb2.SIGMOID,
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-pair losses, chosen rewards, rejected rewards) from per-sequence log-probabilities.

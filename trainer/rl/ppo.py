@@ -124,9 +124,9 @@ def run(cfg, attempt, env, log, client) -> ExitCode:
         raise ConfigError(
             "trainer.rl.eval_fraction", f"{rl.eval_fraction} leaves no prompt to train on"
         )
-    lm = job.policy.model
+    lm = job.actor.model
     grpo = rl.algorithm == trainer_config_pb2.GRPO
-    model = None if grpo else policy.WithHead(lm, policy.ScalarHead(job.policy.meta.model))
+    model = None if grpo else policy.WithHead(lm, policy.ScalarHead(job.actor.meta.model))
     if model is not None:
         model.to(env.device)
     per_step = rl.ppo_epochs * -(-(rl.rollout_prompts * rl.group_size) // t.micro_batch)

@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -50,7 +51,8 @@ def config(args) -> trainer_config_pb2.TrainerConfig:
     cfg.checkpoint.path = user_path(args.checkpoint)
     cfg.model.use_kernels = True
     cfg.train.seed = args.seed
-    cfg.rl.reward = enum_value(cfg.rl, "reward", args.reward, "--reward")
+    reward = enum_value(cfg.rl, "reward", args.reward, "--reward")
+    cfg.rl.reward = cast(trainer_config_pb2.RewardSource, reward)
     cfg.rl.reward_path = user_path(args.reward_model) if args.reward_model else ""
     cfg.rl.max_new_tokens = args.max_new_tokens
     cfg.rl.temperature = args.temperature
@@ -78,7 +80,7 @@ def make(args, log=print) -> int:
         chunk = prompts[i : i + 16]
         ids = [job.prompt_ids(p) for p in chunk]
         sampled = policy.sample(
-            job.policy.model, ids, n, args.max_new_tokens,
+            job.actor.model, ids, n, args.max_new_tokens,
             temperature=args.temperature, eos_id=job.tokenizer.eos_id,
             generator=generator, max_len=job.max_len,
         )  # fmt: skip

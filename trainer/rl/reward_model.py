@@ -63,7 +63,7 @@ def split_pairs(job: rljob.RlJob) -> tuple[list, list]:
 def run(cfg, attempt, env, log, client) -> ExitCode:
     job = rljob.start(cfg, attempt, env, log, client)
     train, heldout = split_pairs(job)
-    model = policy.WithHead(job.policy.model, policy.ScalarHead(job.policy.meta.model))
+    model = policy.WithHead(job.actor.model, policy.ScalarHead(job.actor.meta.model))
     model.to(env.device).train()
     t = cfg.train
     optimizer, scheduler = job.optimizer(model, t.steps)

@@ -80,7 +80,11 @@ def test_preferences_reward_model_dpo_and_grpo_measurably_improve(sft, capsys):
     assert dpo["pass_rate_after"] >= dpo["pass_rate_before"] + 0.2
     assert dpo["kl_after"] > 0
 
-    grpo_rl = {"prompts": str(tmp / "chat.jsonl"), "reward": "sentence", "algorithm": "grpo"}
+    grpo_rl: dict[str, object] = {
+        "prompts": str(tmp / "chat.jsonl"),
+        "reward": "sentence",
+        "algorithm": "grpo",
+    }
     grpo_rl.update(group_size=8, rollout_prompts=4, kl_coef=0.05)
     grpo = run(tmp, rl_job(sft, "grpo", "PPO", 20, 3e-3, grpo_rl, micro_batch=16), "grpo")
     # measured 16.1% -> 67.9% of 56 samples, KL 11.5 nats
