@@ -42,6 +42,7 @@ GUIDES = (
     "eval.md",
     "generate.md",
     "launcher.md",
+    "rlhf.md",  # #14: by-hand runs (trainer:train) from the SFT checkpoint of sft.md
 )
 # Guides with shell blocks that are not walkthroughs run here (each says where it is tested).
 NOT_RUN_HERE = {"observability.md": "needs Prometheus; tests/ and observability/ cover it"}

@@ -66,11 +66,11 @@ class RlJob:
         return opt, build_scheduler(opt, self.cfg.optim, steps)
 
     def emit(self, step: int, phase: str = "train", **fields) -> None:
-        p = self.metrics.emit(step=step, phase=phase, **fields)
+        """One progress record of `fields`, and its log line (every field given, zeros too)."""
+        self.metrics.emit(step=step, phase=phase, **fields)
         shown = ", ".join(
-            f"{f.name} {v:.4g}" if isinstance(v, float) else f"{f.name} {v}"
-            for f, v in p.ListFields()
-            if f.name not in ("step", "phase", "job_id", "attempt", "total_steps")
+            f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}"
+            for name, value in fields.items()
         )
         self.log(f"{phase} step {step}/{self.cfg.train.steps}: {shown}")
 

@@ -158,7 +158,7 @@ def run(cfg, attempt, env, log, client) -> ExitCode:
                 kl=r.kl,
                 entropy=stats["entropy"],
                 clip_fraction=stats["clip_fraction"],
-                value_loss=stats["value_loss"],
+                **({} if grpo else {"value_loss": stats["value_loss"]}),  # GRPO: no value head
                 response_length=sum(r.batch.response_lengths) / len(r.batch.response_lengths),
                 rollout_seconds=rollout_s,
                 update_seconds=update_s,
