@@ -76,7 +76,7 @@ def evaluate(job, model, ref, pairs, batch_size: int) -> DpoStats:
 
 
 def run(cfg, attempt, env, log, client) -> ExitCode:
-    job = rljob.start(cfg, attempt, env, log, client)
+    job = rljob.start(cfg, attempt, env, log, client, rljob.stop_check(client))
     ref = rljob.reference(job)
     train, heldout = split_pairs(job)
     prompts = sorted({p.prompt for p in heldout})

@@ -18,7 +18,7 @@ from trainer import checkpoint
 from trainer.config import train_dtype
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
 from trainer.distributed import DistEnv
-from trainer.loop import seed_everything
+from trainer.loop import install_sigterm_handler, seed_everything
 from trainer.metrics import MetricsLogger
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.rl import policy, verifiers
@@ -96,7 +96,9 @@ class RlJob:
         self.log("summary: " + json.dumps(facts))
 
 
-def start(cfg, attempt: attempt_pb2.Attempt, env: DistEnv, log, client) -> RlJob:
+def start(
+    cfg, attempt: attempt_pb2.Attempt, env: DistEnv, log, client, stop=lambda: False
+) -> RlJob:
     """Load the policy (trainer.checkpoint.path) and its tokenizer; set up progress records."""
     seed_everything(cfg.train.seed)
     loaded = policy.load(
@@ -129,10 +131,17 @@ def start(cfg, attempt: attempt_pb2.Attempt, env: DistEnv, log, client) -> RlJob
         f"policy {loaded.path} ({loaded.meta.kind} step {loaded.meta.step}, "
         f"{params / 1e6:.2f} M parameters, vocabulary {loaded.meta.vocab_size})"
     )
-    stop = client.stop_requested.is_set if client is not None else (lambda: False)
     return RlJob(
         cfg, attempt.spec.kind, Path(attempt.run_dir), env, log, metrics, tokenizer, loaded, stop
     )
+
+
+def stop_check(client) -> Callable[[], bool]:
+    """SIGTERM or the launcher's stop request. A job that sees it saves what it has and exits
+    75; an RL job does not resume mid-run (its retry starts again from checkpoint.path)."""
+    sigterm = install_sigterm_handler()
+    launcher_stop = client.stop_requested.is_set if client is not None else (lambda: False)
+    return lambda: sigterm() or launcher_stop()
 
 
 def reference(job: RlJob) -> torch.nn.Module:

@@ -113,7 +113,7 @@ def update(job, model: policy.WithHead | None, lm, r: Rollout, optimizer, schedu
 
 
 def run(cfg, attempt, env, log, client) -> ExitCode:
-    job = rljob.start(cfg, attempt, env, log, client)
+    job = rljob.start(cfg, attempt, env, log, client, rljob.stop_check(client))
     rl, t = cfg.rl, cfg.train
     ref = rljob.reference(job)
     score = rljob.scorer(job)

@@ -61,7 +61,7 @@ def split_pairs(job: rljob.RlJob) -> tuple[list, list]:
 
 
 def run(cfg, attempt, env, log, client) -> ExitCode:
-    job = rljob.start(cfg, attempt, env, log, client)
+    job = rljob.start(cfg, attempt, env, log, client, rljob.stop_check(client))
     train, heldout = split_pairs(job)
     model = policy.WithHead(job.actor.model, policy.ScalarHead(job.actor.meta.model))
     model.to(env.device).train()
