@@ -7,6 +7,7 @@ the assertions leave a margin below what was measured (docs/rlhf.md has the full
 """
 
 import json
+import signal
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import torch
 from protos.exit_codes import ExitCode
 from trainer import main
 from trainer.rl import preferences
-from trainer.testing import chat_file, tiny_job, write_job
+from trainer.testing import chat_file, start_trainer, tiny_job, wait_for_step, write_job
 
 torch.set_num_threads(1)
 
@@ -48,7 +49,7 @@ def sft(tmp_path_factory):
 def rl_job(sft, name, kind, steps, lr, rl, **train):
     tmp, cache, checkpoint = sft
     spec = tiny_job(cache, kind=kind, steps=steps, optim={"lr": lr, "warmup_steps": 0})
-    spec["trainer"]["train"].update(log_every=5, **train)
+    spec["trainer"]["train"].update({"log_every": 5, **train})
     spec["trainer"]["checkpoint"] = {"path": str(checkpoint), "every_steps": 0}
     spec["trainer"]["rl"] = rl
     return write_job(tmp / f"{name}.yaml", spec)
@@ -143,3 +144,16 @@ def test_bad_input_is_refused_before_any_work(sft, capsys):
     err = capsys.readouterr().err
     assert "trainer.rl.reference_path" in err and "300-token vocabulary" in err
     assert not (tmp / "mismatch" / "checkpoints").exists()
+
+
+def test_sigterm_saves_and_exits_preempted(sft):
+    tmp, _, _ = sft
+    rl = {"prompts": str(tmp / "chat.jsonl"), "reward": "sentence", "algorithm": "grpo"}
+    config = rl_job(sft, "stopped", "PPO", 500, 1e-3, rl, log_every=1)
+    run_dir = tmp / "stopped"
+    process = start_trainer("--config", config, "--run-dir", run_dir, log_path=tmp / "stop.log")
+    step = wait_for_step(run_dir, 1, process, timeout=240)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == ExitCode.PREEMPTED
+    saved = sorted((run_dir / "checkpoints").glob("step_*"))
+    assert saved and int(saved[-1].name.removeprefix("step_")) >= step
