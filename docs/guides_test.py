@@ -45,6 +45,7 @@ GUIDES = (
     "observability.md",
     "images.md",
     "reliability.md",
+    "rlhf.md",  # #14: by-hand runs (trainer:train) from the SFT checkpoint of sft.md
 )
 JOB_TARGETS = ("//launcher:submit", "//trainer:train")
 COMMAND_TIMEOUT_S = 600

@@ -72,6 +72,32 @@ _GAUGES = [
     ("kitchen_train_grad_norm", "Gradient norm before clipping.", "grad_norm"),
     ("kitchen_train_learning_rate", "Learning rate.", "lr"),
 ]
+# #14 RLHF (REWARD, DPO, PPO jobs): exported once a job reports them, each holding its newest
+# non-zero value (train and eval records carry different ones; other kinds have none).
+_RL_GAUGES = [
+    ("kitchen_rl_reward_mean", "PPO: mean reward of the latest rollout batch.", "reward_mean"),
+    ("kitchen_rl_reward_std", "PPO: reward standard deviation in that batch.", "reward_std"),
+    ("kitchen_rl_kl", "Mean per-response KL(policy || reference), nats.", "kl"),
+    ("kitchen_rl_entropy", "PPO: mean per-token entropy of the policy's samples.", "entropy"),
+    ("kitchen_rl_clip_ratio", "PPO: share of tokens whose ratio was clipped.", "clip_fraction"),
+    ("kitchen_rl_value_loss", "PPO: value head loss.", "value_loss"),
+    ("kitchen_rl_response_length_tokens", "Mean response length.", "response_length"),
+    ("kitchen_rl_rollout_seconds", "PPO: generating a step's rollouts.", "rollout_seconds"),
+    ("kitchen_rl_update_seconds", "PPO: a step's optimizer epochs.", "update_seconds"),
+    (
+        "kitchen_rl_preference_accuracy_ratio",
+        "Chosen scored above rejected.",
+        "preference_accuracy",
+    ),
+    ("kitchen_rl_margin", "Mean chosen minus rejected score.", "margin"),
+    ("kitchen_rl_chosen_reward", "DPO: implicit reward of chosen responses.", "chosen_reward"),
+    (
+        "kitchen_rl_rejected_reward",
+        "DPO: implicit reward of rejected responses.",
+        "rejected_reward",
+    ),
+    ("kitchen_rl_pass_rate_ratio", "Verifier pass rate on held-out prompts.", "pass_rate"),
+]
 
 
 class _JobSeries:
@@ -87,6 +113,7 @@ class _JobSeries:
         self.attempts = 0
         self.preemptions = 0
         self.finished_at = None
+        self.rl: dict[str, float] = {}  # _RL_GAUGES: newest non-zero value of each field
 
 
 def job_labels(job: job_pb2.Job, names: bool = True) -> list:
@@ -153,6 +180,7 @@ class LauncherMetrics:
             series.progress = p
             if p.ranks:
                 series.ranks = list(p.ranks)
+            series.rl.update((f, v) for _, _, f in _RL_GAUGES if (v := getattr(p, f)))
 
     def attempt_ended(self, job: job_pb2.Job, preempted: bool):
         with self._lock:
@@ -176,7 +204,10 @@ class LauncherMetrics:
             yield from self._fleet_families(self.fleet())
 
     def _job_families(self, jobs):
-        gauges = {name: GaugeMetricFamily(name, doc, labels=JOB_LABELS) for name, doc, _ in _GAUGES}
+        gauges = {
+            name: GaugeMetricFamily(name, doc, labels=JOB_LABELS)
+            for name, doc, _ in _GAUGES + _RL_GAUGES
+        }
         hist = HistogramMetricFamily(
             "kitchen_train_step_duration_seconds",
             "Wall time per optimizer step.",
@@ -202,6 +233,9 @@ class LauncherMetrics:
                 if field == "eval_loss" and not s.has_eval:
                     value = math.nan
                 gauges[name].add_metric(s.labels, value)
+            for name, _, field in _RL_GAUGES:
+                if field in s.rl:
+                    gauges[name].add_metric(s.labels, s.rl[field])
             tokens.add_metric(s.labels, p.tokens_total)
             cumulative, total = [], 0
             for le, n in zip([*map(str, STEP_BUCKETS), "+Inf"], s.buckets, strict=True):

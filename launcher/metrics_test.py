@@ -161,3 +161,23 @@ def test_a_shared_launchers_metrics_need_the_token_and_hide_job_names(tmp_path):
     hidden.progress(make_job(), progress_pb2.Progress(attempt=1, step=1, step_time_seconds=0.1))
     names = {dict(lbl).get("name") for _, lbl in samples(generate_latest(hidden.registry).decode())}
     assert names == {None, "j7"}  # the job id stands where the name was
+
+
+def test_rl_series_keep_their_newest_value_and_only_rl_jobs_have_them():
+    """#14: a PPO job's train and eval reports carry different RL fields; each series keeps its
+    newest non-zero value. A pretraining job exports no kitchen_rl_* series at all."""
+    m = LauncherMetrics(retention_seconds=60)
+    ppo = make_job()
+    ppo.id, ppo.spec.kind = "j8", job_pb2.PPO
+    m.progress(make_job(), progress_pb2.Progress(attempt=1, step=1, loss=2.0))
+    m.progress(ppo, progress_pb2.Progress(attempt=1, step=5, kl=1.5, reward_mean=0.25))
+    m.progress(ppo, progress_pb2.Progress(attempt=1, step=5, phase="eval", pass_rate=0.4))
+    m.progress(ppo, progress_pb2.Progress(attempt=1, step=10, kl=3.0, reward_mean=0.5))
+    got = samples(generate_latest(m.registry).decode())
+    labels = frozenset(dict(LABELS, job_id="j8", kind="ppo").items())
+    assert got[("kitchen_rl_kl", labels)] == 3.0
+    assert got[("kitchen_rl_reward_mean", labels)] == 0.5
+    assert got[("kitchen_rl_pass_rate_ratio", labels)] == 0.4
+    rl_series = {name for name, lab in got if name.startswith("kitchen_rl_")}
+    assert all(lab == labels for name, lab in got if name in rl_series)
+    assert ("kitchen_rl_entropy", labels) not in got  # never reported

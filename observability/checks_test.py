@@ -41,6 +41,8 @@ def test_job_id_and_the_scrape_job_label_do_not_collide(prometheus):
     assert sorted((s["metric"]["job_id"], s["metric"]["job"]) for s in jobs) == [
         ("j-0001", "kitchen-launcher"),
         ("j-0002", "kitchen-launcher"),
+        ("j-0003", "kitchen-launcher"),
+        ("j-0004", "kitchen-launcher"),
     ]
     assert prometheus_api.instant_query(prometheus, 'up{job="kitchen-launcher"} == 1')
     assert not prometheus_api.instant_query(prometheus, '{exported_job!=""}')

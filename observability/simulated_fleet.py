@@ -82,7 +82,51 @@ def default_fleet() -> list[SimulatedJob]:
             peak_memory_bytes=61_000_000_000,
             padding_fraction=0.18,
         ),
+        # #14: RL jobs report the RL series (kitchen_rl_*) the run dashboard's RL row shows.
+        SimulatedJob(
+            _job("j-0003", "grpo", job_pb2.PPO, "cpu", "ml", attempts=1),
+            step_seconds=2.0,
+            tokens_per_step=2048,
+            mfu=0.01,
+            peak_memory_bytes=900_000_000,
+            padding_fraction=0.3,
+        ),
+        SimulatedJob(
+            _job("j-0004", "dpo", job_pb2.DPO, "cpu", "ml", attempts=1),
+            step_seconds=0.5,
+            tokens_per_step=4096,
+            mfu=0.02,
+            peak_memory_bytes=800_000_000,
+            padding_fraction=0.2,
+        ),
     ]
+
+
+def _rl_fields(kind: job_pb2.JobKind, step: int, rng: random.Random) -> dict:
+    """What a PPO or DPO job reports besides the training fields (trainer/rl/)."""
+    if kind == job_pb2.PPO:
+        rollout = rng.uniform(1.1, 1.3)
+        return {
+            "reward_mean": min(0.9, 0.2 + step / 500),
+            "reward_std": 0.4,
+            "kl": 0.5 + step / 200,
+            "entropy": rng.uniform(2.0, 2.2),
+            "clip_fraction": rng.uniform(0.05, 0.1),
+            "response_length": rng.uniform(14, 18),
+            "rollout_seconds": rollout,
+            "update_seconds": rollout * 0.6,
+            "pass_rate": min(0.9, 0.2 + step / 500),
+        }
+    if kind == job_pb2.DPO:
+        return {
+            "preference_accuracy": min(0.9, 0.5 + step / 400),
+            "margin": step / 300,
+            "chosen_reward": step / 600,
+            "rejected_reward": -step / 600,
+            "kl": 0.3 + step / 300,
+            "pass_rate": min(0.8, 0.1 + step / 500),
+        }
+    return {}
 
 
 class SimulatedFleet:
@@ -157,6 +201,7 @@ class SimulatedFleet:
             goodput=min(0.97, 0.5 + sim.step / 400),
             tokens_total=sim.tokens_per_step * sim.step,
             ranks=simulated_ranks(step_time, rng),
+            **_rl_fields(sim.job.spec.kind, sim.step, rng),
         )
 
     def tick(self) -> None:

@@ -9,7 +9,8 @@ is one the trainer accepts.
 
 Defaults that depend on other fields or on the machine are DERIVED, computed in
 `with_defaults`: n_kv_heads (= n_heads), ffn_dim (8/3 dim), max_seq_len (= data.seq_len),
-workers (the CPUs this process may use), parallelism (SINGLE, or DDP with several processes).
+workers (the CPUs this process may use), parallelism (SINGLE, or DDP with several processes),
+rl.pass_verifier (= rl.reward).
 """
 
 import dataclasses
@@ -119,6 +120,22 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "hang_timeout_seconds": Field(600.0, 0, 1e6),
         "straggler_factor": Field(1.5, 1, 1e6, low_open=True),
     },
+    "rl": {  # #14: REWARD, DPO, PPO (trainer/rl/)
+        "beta": Field(0.1, 0, 100, low_open=True),
+        "label_smoothing": Field(0.0, 0, 0.5, high_open=True),
+        "kl_coef": Field(0.05, 0, 100),
+        "group_size": Field(4, 1, 1024),
+        "rollout_prompts": Field(8, 1, 1 << 16),
+        "ppo_epochs": Field(2, 1, 100),
+        "clip_range": Field(0.2, 0, 10, low_open=True),
+        "value_clip": Field(0.2, 0, 1e6, low_open=True),
+        "gamma": Field(1.0, 0, 1),
+        "gae_lambda": Field(0.95, 0, 1),
+        "value_coef": Field(0.5, 0, 100),
+        "max_new_tokens": Field(24, 1, 1 << 16),
+        "temperature": Field(1.0, 0, 100, low_open=True),
+        "eval_fraction": Field(0.1, 0, 1, high_open=True),
+    },
 }
 
 # Enum fields whose UNSPECIFIED value means a named default (written beside the UNSPECIFIED
@@ -129,6 +146,9 @@ ENUM_DEFAULTS: dict[tuple[str, str], str] = {
     ("data", "packing"): "BEST_FIT",
     ("optim", "schedule"): "COSINE",
     ("train", "recompute"): "NONE",
+    ("rl", "reward"): "REWARD_MODEL",
+    ("rl", "dpo_loss"): "SIGMOID",
+    ("rl", "algorithm"): "CLIPPED_PPO",
 }
 
 # train.dtype spellings -> torch dtype names ("" = automatic: bf16 on CUDA, fp32 elsewhere).
@@ -197,6 +217,8 @@ def with_defaults(
     if out.train.parallelism == trainer_config_pb2.PARALLELISM_UNSPECIFIED:
         several = world_size > 1
         out.train.parallelism = trainer_config_pb2.DDP if several else trainer_config_pb2.SINGLE
+    if out.rl.pass_verifier == trainer_config_pb2.REWARD_SOURCE_UNSPECIFIED:  # #14
+        out.rl.pass_verifier = out.rl.reward
     m = out.model
     if not m.HasField("n_kv_heads"):
         m.n_kv_heads = m.n_heads

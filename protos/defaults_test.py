@@ -15,6 +15,7 @@ UNSPECIFIED = re.compile(r"^\s*(\w+)_UNSPECIFIED = 0;\s*//\s*(\w+)", re.M)
 SECTION_OF = {"DataConfig": "data", "ModelConfig": "model", "OptimConfig": "optim"}
 SECTION_OF.update(TrainConfig="train", CheckpointConfig="checkpoint", GenerateConfig="generate")
 SECTION_OF.update(HealthConfig="health")
+SECTION_OF["RlConfig"] = "rl"
 
 
 def _literal(type_name: str, text: str):

@@ -21,6 +21,10 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
     ("data", "tokenizer_path"),
     ("data", "cache_dir"),
     ("checkpoint", "path"),
+    ("rl", "preferences"),  # #14
+    ("rl", "prompts"),
+    ("rl", "reference_path"),
+    ("rl", "reward_path"),
 )
 STATE_DIR_ENV = "KITCHEN_STATE_DIR"
 

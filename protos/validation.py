@@ -219,6 +219,8 @@ def validate_trainer(
             "SFT trains on prompt/response pairs: use JSONL_CHAT, not "
             + enums.enum_name(d, "format"),
         )
+    if kind in RL_KINDS:
+        validate_rl(cfg, kind, world_size)
     _check(
         m.dim % m.n_heads == 0, "trainer.model.n_heads", f"{m.n_heads} does not divide dim {m.dim}"
     )
@@ -257,3 +259,35 @@ def validate_trainer(
         f"SINGLE with {world_size} processes would train {world_size} unrelated models: "
         "use DDP or FSDP",
     )
+
+
+# #14: the post-training kinds (trainer/rl/, docs/rlhf.md).
+RL_KINDS = (job_pb2.REWARD, job_pb2.DPO, job_pb2.PPO)
+
+
+def validate_rl(
+    cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind, world_size: int = 1
+) -> None:
+    """The rules of a REWARD, DPO or PPO job (trainer.rl and what it needs elsewhere)."""
+    rl, name = cfg.rl, job_pb2.JobKind.Name(kind)
+    _ranges(rl, "rl", "trainer.rl")
+    _check(world_size == 1, "resources", f"{name} runs in one process, not {world_size}")
+    _check(
+        bool(cfg.checkpoint.path),
+        "trainer.checkpoint.path",
+        f"{name} starts from a trained checkpoint (an SFT or pretrain run's step_* directory)",
+    )
+    if kind in (job_pb2.REWARD, job_pb2.DPO):
+        _check(bool(rl.preferences), "trainer.rl.preferences", f"{name} needs preference pairs")
+    if kind == job_pb2.PPO:
+        _check(bool(rl.prompts), "trainer.rl.prompts", "PPO needs a JSONL file of prompts")
+        _check(
+            rl.reward != trainer_config_pb2.REWARD_MODEL or bool(rl.reward_path),
+            "trainer.rl.reward_path",
+            "reward REWARD_MODEL needs a REWARD job's checkpoint (or choose a verifier)",
+        )
+        _check(
+            rl.algorithm != trainer_config_pb2.GRPO or rl.group_size >= 2,
+            "trainer.rl.group_size",
+            f"{rl.group_size}: GRPO normalizes rewards within a group, it needs at least 2",
+        )

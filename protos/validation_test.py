@@ -133,3 +133,63 @@ def test_resolve_trainer_does_not_change_its_input():
     cfg = trainer_config_pb2.TrainerConfig()
     out = resolve_trainer(cfg)
     assert out.model.dim == 256 and not cfg.model.HasField("dim")
+
+
+# #14: REWARD, DPO and PPO jobs.
+@pytest.mark.parametrize(
+    "kind, fields, message",
+    [
+        (job_pb2.DPO, {}, "trainer.checkpoint.path: DPO starts from a trained checkpoint"),
+        (job_pb2.REWARD, {"trainer__checkpoint__path": "/c"}, "trainer.rl.preferences: REWARD"),
+        (job_pb2.PPO, {"trainer__checkpoint__path": "/c"}, "trainer.rl.prompts: PPO needs"),
+        (
+            job_pb2.PPO,
+            {"trainer__checkpoint__path": "/c", "trainer__rl__prompts": "/p"},
+            "trainer.rl.reward_path: reward REWARD_MODEL needs a REWARD job's checkpoint",
+        ),
+        (
+            job_pb2.PPO,
+            {
+                "trainer__checkpoint__path": "/c",
+                "trainer__rl__prompts": "/p",
+                "trainer__rl__reward": trainer_config_pb2.SENTENCE,
+                "trainer__rl__algorithm": trainer_config_pb2.GRPO,
+                "trainer__rl__group_size": 1,
+            },
+            "trainer.rl.group_size: 1: GRPO normalizes rewards within a group",
+        ),
+        (
+            job_pb2.DPO,
+            {
+                "trainer__checkpoint__path": "/c",
+                "trainer__rl__preferences": "/p",
+                "trainer__rl__beta": 0.0,
+            },
+            "trainer.rl.beta: 0 is not in (0, 100]",
+        ),
+        (
+            job_pb2.DPO,
+            {
+                "trainer__checkpoint__path": "/c",
+                "trainer__rl__preferences": "/p",
+                "resources__processes_per_node": 2,
+            },
+            "resources: DPO runs in one process, not 2",
+        ),
+    ],
+)
+def test_rl_jobs_need_their_inputs(kind, fields, message):
+    spec = spec_with(**fields)
+    spec.kind = kind
+    assert message in error(spec)
+
+
+def test_an_rl_job_resolves_with_its_defaults():
+    spec = spec_with(trainer__checkpoint__path="/c", trainer__rl__prompts="/p")
+    spec.kind, spec.trainer.rl.reward = job_pb2.PPO, trainer_config_pb2.HAS_NUMBER
+    rl = validate_job_spec(spec).rl
+    assert (rl.beta, rl.group_size, rl.kl_coef, rl.max_new_tokens) == pytest.approx(
+        (0.1, 4, 0.05, 24)
+    )
+    assert rl.algorithm == trainer_config_pb2.CLIPPED_PPO
+    assert rl.pass_verifier == trainer_config_pb2.HAS_NUMBER  # derived from rl.reward

@@ -215,9 +215,11 @@ class Checkpointer:
         train_state: dict,
         loader_position: dict[str, Any],
         run: TrainingRun,
+        extra: dict[str, Any] | None = None,
     ) -> Path:
         """Collective: every rank calls it. `train_state` (RNG included) and `loader_position`
-        (where its next batch starts) are this rank's."""
+        (where its next batch starts) are this rank's. `extra`: more files (name -> object
+        for torch.save), checksummed like the others (a reward model's head.pt)."""
         model_sd = model_state(model)
         optim_sd = optimizer_state(model, optimizer)
         ranks = distributed.gather_objects({"train": train_state, "loader": loader_position})
@@ -233,6 +235,8 @@ class Checkpointer:
                     tmp / "train.pt",
                 ),
             }
+            for name, obj in (extra or {}).items():
+                files[name] = _save(obj, tmp / name)
             meta = CheckpointMeta(
                 **{f.name: getattr(run, f.name) for f in dataclasses.fields(TrainingRun)},
                 step=step,

@@ -209,6 +209,11 @@ def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
         return train(cfg, attempt, env, log, client)
     if kind == job_pb2.EVAL:
         return evaluate_job(cfg, attempt, env, log)
+    if kind in (job_pb2.REWARD, job_pb2.DPO, job_pb2.PPO):  # #14: trainer/rl/
+        from trainer.rl import dpo, ppo, reward_model
+
+        rl_job = {job_pb2.REWARD: reward_model.run, job_pb2.DPO: dpo.run, job_pb2.PPO: ppo.run}
+        return rl_job[kind](cfg, attempt, env, log, client)
     return generate_job(cfg, attempt, env, log)
 
 

@@ -1,22 +1,12 @@
 """SFT: fine-tune a pretrained checkpoint on prompt/response pairs with its own tokenizer."""
 
-import json
-
 import torch
 
 from protos.exit_codes import ExitCode
 from trainer import main
-from trainer.testing import tiny_job, write_job
+from trainer.testing import chat_file, tiny_job, write_job
 
 torch.set_num_threads(1)
-
-
-def chat_file(path, n=200):
-    with open(path, "w") as f:
-        for i in range(n):
-            pair = {"prompt": f"What is {i} plus {i}?", "response": f"{i} plus {i} is {2 * i}."}
-            f.write(json.dumps(pair) + "\n")
-    return path
 
 
 def test_sft_starts_from_the_pretrained_weights_with_their_tokenizer(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """Test helpers: a tiny job on a small real corpus, and the trainer run as a real process."""
 
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +40,15 @@ def tiny_job(cache_dir, *, kind="PRETRAIN", steps=8, **sections) -> dict:
     for section, fields in sections.items():
         trainer.setdefault(section, {}).update(fields)
     return {"name": "tiny-test", "kind": kind, "trainer": trainer}
+
+
+def chat_file(path, n=200) -> Path:
+    """JSONL_CHAT pairs "What is i plus i?" -> "i plus i is 2i." (SFT and RLHF tests)."""
+    with open(path, "w") as f:
+        for i in range(n):
+            pair = {"prompt": f"What is {i} plus {i}?", "response": f"{i} plus {i} is {2 * i}."}
+            f.write(json.dumps(pair) + "\n")
+    return Path(path)
 
 
 def write_job(path, job: dict) -> Path:

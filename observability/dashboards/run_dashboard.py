@@ -184,5 +184,75 @@ def build() -> Dashboard:
         .with_panel(health_panels.straggler_scores(JOB))
         .with_panel(health_panels.collective_wait(JOB))
         .with_panel(health_panels.silent_data_corruption(JOB))
+        # #14: REWARD, DPO and PPO jobs (docs/rlhf.md); empty for other kinds.
+        .with_row(dashboard.Row("RL (reward model, DPO, PPO/GRPO)"))
+        .with_panel(
+            timeseries_panel(
+                "Reward and verifier pass rate",
+                "PPO: mean reward of each rollout batch; DPO and PPO: the verifier's pass rate on "
+                "held-out prompts. Healthy: both rise together. Reward rising while the pass rate "
+                "does not, or while KL (next panel) climbs fast, is reward hacking.",
+                "none",
+                [
+                    target(_series("kitchen_rl_reward_mean"), "reward " + LEGEND, "A"),
+                    target(_series("kitchen_rl_pass_rate_ratio"), "pass rate " + LEGEND, "B"),
+                ],
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "KL to the reference",
+                "Mean per-response KL(policy || reference) in nats. Healthy: rises, then levels "
+                "off. A steep climb (alert KitchenRLKLBlowUp) with degenerate responses: the KL "
+                "penalty (rl.kl_coef, rl.beta) is too weak.",
+                "none",
+                [target(_series("kitchen_rl_kl"), LEGEND)],
+                min_value=0,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "PPO step: generating vs updating",
+                "Seconds of each PPO step spent sampling and scoring rollouts, and in the "
+                "optimizer epochs. RL is generation-bound: when rollouts dominate, batch more "
+                "prompts per rollout before buying faster optimizers.",
+                "s",
+                [
+                    target(_series("kitchen_rl_rollout_seconds"), "rollout " + LEGEND, "A"),
+                    target(_series("kitchen_rl_update_seconds"), "update " + LEGEND, "B"),
+                ],
+                min_value=0,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Entropy, clip fraction, response length",
+                "PPO: per-token entropy of the policy's samples (collapsing to 0: the policy "
+                "repeats itself), the share of tokens whose ratio was clipped (above ~0.3: steps "
+                "too large), and mean response length in tokens.",
+                "none",
+                [
+                    target(_series("kitchen_rl_entropy"), "entropy " + LEGEND, "A"),
+                    target(_series("kitchen_rl_clip_ratio"), "clip fraction " + LEGEND, "B"),
+                    target(_series("kitchen_rl_response_length_tokens"), "length " + LEGEND, "C"),
+                ],
+                min_value=0,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Preference accuracy and margin",
+                "REWARD and DPO: share of pairs whose chosen response scores above the rejected "
+                "one (0.5 is chance), and the mean score margin. Held-out accuracy well above "
+                "0.5 is what makes a reward model usable.",
+                "none",
+                [
+                    target(
+                        _series("kitchen_rl_preference_accuracy_ratio"), "accuracy " + LEGEND, "A"
+                    ),
+                    target(_series("kitchen_rl_margin"), "margin " + LEGEND, "B"),
+                ],
+            )
+        )
         .build()
     )

@@ -1,0 +1,206 @@
+"""Models of an RLHF job: checkpoints checked against each other, sequences laid out the way
+SFT trained them (`<bos> prompt response <eos>`, trainer/data/tokenized.py), their per-token
+log-probabilities, a scalar head (reward model, value function) and batched sampling with the
+KV cache (trainer/generate.py's `sample_next`, one forward per new token for the whole batch).
+"""
+
+import dataclasses
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from google.protobuf import json_format
+
+from protos import trainer_config_pb2
+from protos.config_yaml import ConfigError
+from trainer import checkpoint
+from trainer.generate import sample_next
+from trainer.model import KVCache, Transformer
+
+HEAD_FILE = "head.pt"  # a REWARD checkpoint's scalar head, beside model.pt
+
+
+@dataclasses.dataclass
+class Loaded:
+    model: Transformer
+    meta: checkpoint.CheckpointMeta
+    path: Path
+
+
+def load(path: str, field: str, device, use_kernels: bool, files=("model.pt",)) -> Loaded:
+    """The model of checkpoint `path`, or a ConfigError naming `field`."""
+    try:
+        model, meta = checkpoint.load_model(Path(path), device, use_kernels)  # verifies model.pt
+        if set(files) != {"model.pt"}:
+            checkpoint.verify(Path(path), files)
+    except (checkpoint.CheckpointError, OSError) as e:
+        raise ConfigError(field, str(e)) from e
+    return Loaded(model, meta, Path(path))
+
+
+def check_matches(policy: Loaded, other: Loaded, field: str, shape: bool = True) -> None:
+    """A ConfigError naming `field` unless `other` reads the policy's token ids (the same
+    vocabulary) and, with `shape`, has the same architecture (a reference must)."""
+    if other.meta.vocab_size != policy.meta.vocab_size:
+        raise ConfigError(
+            field,
+            f"{other.path} has a {other.meta.vocab_size}-token vocabulary, the policy "
+            f"{policy.path} {policy.meta.vocab_size}: they must share the tokenizer",
+        )
+    ours = json_format.MessageToDict(policy.meta.model, preserving_proto_field_name=True)
+    theirs = json_format.MessageToDict(other.meta.model, preserving_proto_field_name=True)
+    for name in sorted(set(ours) | set(theirs)) if shape else ():
+        if name != "use_kernels" and ours.get(name) != theirs.get(name):
+            raise ConfigError(
+                field,
+                f"{other.path} has model.{name} {theirs.get(name)}, the policy "
+                f"{policy.path} {ours.get(name)}",
+            )
+
+
+def frozen(model: nn.Module) -> nn.Module:
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model.eval()
+
+
+class ScalarHead(nn.Module):
+    """One number per position from the final hidden state: a reward or a value. Starts at 0."""
+
+    def __init__(self, cfg: trainer_config_pb2.ModelConfig):
+        super().__init__()
+        self.proj = nn.Linear(cfg.dim, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.proj(hidden.float()).squeeze(-1)
+
+
+class WithHead(nn.Module):
+    """A Transformer and a ScalarHead trained together (one optimizer over both)."""
+
+    def __init__(self, lm: Transformer, head: ScalarHead):
+        super().__init__()
+        self.lm, self.head = lm, head
+
+
+@dataclasses.dataclass
+class Batch:
+    """Right-padded sequences. `mask[b, t]` is 1 where ids[b, t + 1] is a response token (the
+    targets of the logits at t); `last[b]` indexes each sequence's last token."""
+
+    ids: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, T - 1) float
+    last: torch.Tensor  # (B,)
+    response_lengths: list[int]
+
+
+def layout(bos_id: int, prompt: list[int], response: list[int], max_len: int) -> tuple:
+    """(ids, response start) of `<bos> prompt response`, cut to `max_len`: the prompt keeps
+    its end (at least one response token fits), then the response is cut."""
+    prompt = prompt[-(max_len - 2) :] if len(prompt) > max_len - 2 else prompt
+    ids = ([bos_id] + prompt + response)[:max_len]
+    return ids, 1 + len(prompt)
+
+
+def make_batch(sequences: list[tuple[list[int], int]], pad_id: int, device: torch.device) -> Batch:
+    """A Batch of (ids, response start) pairs from `layout`."""
+    T = max(len(ids) for ids, _ in sequences)
+    ids = torch.full((len(sequences), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(sequences), T - 1)
+    for b, (seq, start) in enumerate(sequences):
+        ids[b, : len(seq)] = torch.tensor(seq)
+        mask[b, start - 1 : len(seq) - 1] = 1
+    last = torch.tensor([len(seq) - 1 for seq, _ in sequences])
+    lengths = [len(seq) - start for seq, start in sequences]
+    return Batch(ids.to(device), mask.to(device), last.to(device), lengths)
+
+
+def _positions(ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+    pos = torch.arange(start, start + ids.shape[1], device=ids.device)
+    return pos[None].expand(ids.shape[0], -1)
+
+
+def hidden_and_logps(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(final hidden states (B, T, dim), log-probabilities (B, T - 1) of each next token)."""
+    hidden, logps, _ = forward(model, batch, with_entropy=False)
+    return hidden, logps
+
+
+def forward(model: Transformer, batch: Batch, with_entropy: bool = True):
+    """(hidden (B, T, dim), next-token log-probabilities (B, T - 1), the entropy of each
+    next-token distribution (B, T - 1), or None) from one pass."""
+    hidden = model.hidden(batch.ids, _positions(batch.ids))
+    logits = F.linear(hidden[:, :-1], model.output.weight).float()
+    logp_all = logits.log_softmax(-1)
+    logps = torch.gather(logp_all, 2, batch.ids[:, 1:, None]).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return hidden, logps, ent
+
+
+def token_logps(model: Transformer, batch: Batch) -> torch.Tensor:
+    return hidden_and_logps(model, batch)[1]
+
+
+def rows(batch: Batch, index: torch.Tensor) -> Batch:
+    """The sub-batch of rows `index`."""
+    i = index.tolist()
+    return Batch(
+        batch.ids[index],
+        batch.mask[index],
+        batch.last[index],
+        [batch.response_lengths[k] for k in i],
+    )
+
+
+def scores(model: Transformer, head: ScalarHead, batch: Batch) -> torch.Tensor:
+    """A reward model's score of each sequence: the head at its last token."""
+    hidden = model.hidden(batch.ids, _positions(batch.ids))
+    return head(hidden[torch.arange(len(batch.last)), batch.last])
+
+
+@torch.no_grad()
+def sample(
+    model: Transformer,
+    prompts: list[list[int]],
+    n: int,
+    max_new_tokens: int,
+    *,
+    temperature: float,
+    eos_id: int,
+    generator: torch.Generator,
+    max_len: int,
+) -> list[list[int]]:
+    """`n` responses to each prompt (full token ids, BOS included), prompt by prompt: row
+    i * n + j is prompt i's j-th. Prompts of one length decode together as one batch; a row
+    ends at EOS (kept) or after `max_new_tokens`."""
+    device = next(model.parameters()).device
+    dtype = next(model.parameters()).dtype
+    out: list[list[int]] = [[] for _ in range(len(prompts) * n)]
+    by_length: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(prompts):
+        by_length[len(p)].append(i)
+    for length, members in by_length.items():
+        rows = [i * n + j for i in members for j in range(n)]
+        ids = torch.tensor([prompts[i] for i in members for _ in range(n)], device=device)
+        new = min(max_new_tokens, max_len - length)
+        cache = KVCache(model, len(rows), length + new, device, dtype)
+        done = torch.zeros(len(rows), dtype=torch.bool, device=device)
+        steps: list[torch.Tensor] = []
+        for _ in range(new):
+            logits = model(ids, _positions(ids, cache.pos), cache=cache)[:, -1]
+            token = sample_next(logits, temperature, 0, 1.0, generator)
+            token = torch.where(done, torch.full_like(token, eos_id), token)
+            steps.append(token)
+            done |= token == eos_id
+            if bool(done.all()):
+                break
+            ids = token[:, None]
+        generated = torch.stack(steps, 1).tolist() if steps else [[] for _ in rows]
+        for row, tokens in zip(rows, generated, strict=True):
+            end = tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
+            out[row] = prompts[row // n] + tokens[:end]
+    return out
