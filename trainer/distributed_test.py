@@ -31,13 +31,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(job, run_dir) -> subprocess.CompletedProcess:
+def torchrun(job, run_dir, nproc: int = 2) -> subprocess.CompletedProcess:
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--nnodes=1",
-        "--nproc_per_node=2",
+        f"--nproc_per_node={nproc}",
         "--master_addr=127.0.0.1",
         f"--master_port={free_port()}",
         "-m",

@@ -18,7 +18,7 @@ import torch
 
 from protos import job_pb2, trainer_config_pb2
 from protos.enums import enum_name
-from trainer import checkpoint, distributed, evaluate
+from trainer import checkpoint, distributed, evaluate, expert_parallel, moe
 from trainer.config import train_dtype
 from trainer.distributed import DistEnv
 from trainer.grad_noise import GradientNoiseScale
@@ -103,7 +103,11 @@ class Trainer:
         if t.compile:
             for block in model.layers:
                 block.compile()
-        self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
+        if self.parallelism == "EXPERT":
+            ep = t.expert_parallel or env.world_size
+            self.model = expert_parallel.wrap(model, env, ep)
+        else:
+            self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.steps)
         self.loader = PackedRowLoader(
@@ -256,7 +260,10 @@ class Trainer:
                 small[1] = n_small
         totals = distributed.all_reduce_sum(torch.cat([loss_sum.view(1), small]))
         clip = self.cfg.optim.grad_clip or math.inf
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if isinstance(self.model, expert_parallel.ExpertParallel):  # a norm over all experts
+            grad_norm = self.model.clip_grad_norm_(clip)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
@@ -302,6 +309,7 @@ class Trainer:
         verdict = self.guard.check(loss)
         if verdict is Verdict.OK:
             self.optimizer.step()
+        moe.end_step(self.model, updated=verdict is Verdict.OK)  # expert bias balancing
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
         with warnings.catch_warnings():
@@ -378,6 +386,7 @@ class Trainer:
             peak_memory_bytes=peak_memory_bytes(self.device),
             gradient_noise_scale=self.noise.value,
             **self._counters(),
+            **moe.progress_fields(self.model),
         )
         self.log(self.metrics.human_line(p))
 
