@@ -152,7 +152,9 @@ class ExpertParallel(nn.Module):
             if group is None or self.world > self.ep:
                 dist.all_reduce(flat, group=group)
             flat /= self.world
-            for g, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+            for g, synced in zip(
+                grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True
+            ):
                 g.copy_(synced)
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
