@@ -21,6 +21,7 @@ import time
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from launcher import moe_metrics
 from protos import job_pb2
 from protos.enums import enum_name
 
@@ -56,6 +57,7 @@ class _JobSeries:
         self.attempts = 0
         self.preemptions = 0
         self.finished_at = None
+        self.moe = None  # the latest Progress with MoE statistics (launcher/moe_metrics.py)
 
 
 def job_labels(job: job_pb2.Job, names: bool = True) -> list:
@@ -120,6 +122,8 @@ class LauncherMetrics:
             series.last_step = p.step if series.last_step is None else max(p.step, series.last_step)
             series.has_eval = series.has_eval or p.eval_loss != 0
             series.progress = p
+            if p.moe_layers:
+                series.moe = p
 
     def attempt_ended(self, job: job_pb2.Job, preempted: bool):
         with self._lock:
@@ -177,6 +181,7 @@ class LauncherMetrics:
             hist.add_metric(s.labels, cumulative, s.step_seconds_sum)
         yield from gauges.values()
         yield from (hist, tokens, attempts, preemptions)
+        yield from moe_metrics.families([(s.labels, s.moe) for s in jobs], JOB_LABELS)
 
     def _fleet_families(self, fleet):
         jobs = GaugeMetricFamily(
