@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 
 from prometheus_client.core import GaugeMetricFamily
 
+from protos import progress_pb2
+
 # (metric, help, Progress field)
 GAUGES = [
     (
@@ -38,7 +40,9 @@ LAYER_GAUGES = [
 ]
 
 
-def families(jobs: Iterable[tuple[list[str], object]], job_labels: list[str]) -> Iterator:
+def families(
+    jobs: Iterable[tuple[list[str], progress_pb2.Progress | None]], job_labels: list[str]
+) -> Iterator:
     """The MoE metric families for (label values, latest MoE Progress or None) per job."""
     gauges = {name: GaugeMetricFamily(name, doc, labels=job_labels) for name, doc, _ in GAUGES}
     layer_labels = [*job_labels, "layer"]

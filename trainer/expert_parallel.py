@@ -70,7 +70,8 @@ class ExpertGroup:
         received = _AllToAll.apply(rows, out_splits, in_splits, self.group)
         # Received rows come by source rank, then expert; the experts want them by expert.
         sizes = recv.tolist()
-        starts, offset = [], 0
+        starts: list[list[int]] = []
+        offset = 0
         for r in range(ep):
             starts.append([])
             for j in range(local):
@@ -137,7 +138,8 @@ class ExpertParallel(nn.Module):
             torch.autograd.Variable._execution_engine.queue_callback(self._sync_gradients)
 
     def _split(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        dense, experts = [], []
+        dense: list[nn.Parameter] = []
+        experts: list[nn.Parameter] = []
         for name, p in self.module.named_parameters():
             (experts if _is_expert(name) else dense).append(p)
         return dense, experts

@@ -32,6 +32,7 @@ travel to the experts' ranks and back (trainer/expert_parallel.py).
 """
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -128,7 +129,8 @@ class MoEFeedForward(nn.Module):
         self.aux_coef = cfg.moe_aux_loss_coef if self.balance == "AUX_LOSS" else 0.0
         self.z_coef, self.capacity_factor = cfg.moe_z_loss_coef, cfg.moe_capacity_factor
         self.bias_rate = cfg.moe_bias_update_rate
-        self.dispatch = None  # an expert_parallel.ExpertGroup when experts are sharded
+        # expert_parallel.ExpertGroup when experts are sharded: (experts, rows, counts) -> rows
+        self.dispatch: Callable[[Experts, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
         # Set by each training forward, read by the Transformer right after (`collect`): a
         # recomputation in backward (activation checkpointing) overwrites it harmlessly.
         self.penalty: torch.Tensor | None = None

@@ -47,6 +47,7 @@ def test_grouped_compute_equals_routing_token_by_token(gate, top_k):
     layer = _layer(moe_gate=gate, moe_top_k=top_k, moe_shared_experts=1)
     x = torch.randn(3, 5, DIM)
     got = layer(x)
+    assert layer.shared is not None
     expected = torch.zeros_like(x)
     for b in range(3):
         for t in range(5):

@@ -311,7 +311,7 @@ def _moe_section(a, s: Shape, count, batch_section: BatchSection):
     )
 
 
-def _memory(a: argparse.Namespace, s: Shape, total: int, mem_gib: float) -> MemorySection:
+def _memory(a: argparse.Namespace, s: Shape, total: float, mem_gib: float) -> MemorySection:
     L, d, H, V, T, b = s.layers, s.dim, s.heads, s.vocab, a.seq_len, a.micro_batch
     layout = "mixed" if a.dtype == "bf16" else "fp32"
     w, g, o = memory.LAYOUTS[layout]
