@@ -256,6 +256,11 @@ def validate_moe(cfg: trainer_config_pb2.TrainerConfig, world_size: int) -> None
     the processes and the experts."""
     m, t = cfg.model, cfg.train
     expert = t.parallelism == trainer_config_pb2.EXPERT
+    _check(
+        expert or t.expert_parallel == 0,
+        "trainer.train.expert_parallel",
+        "only applies to parallelism EXPERT",
+    )
     if m.moe_experts == 0:
         _check(
             not expert,
