@@ -43,7 +43,7 @@ from kernels.modules import SwiGLUMLP
 from protos import trainer_config_pb2
 from protos.enums import enum_name
 
-STATS = ("assignments", "dropped", "aux", "z", "entropy", "tokens", "micro_batches")
+STATS = ("assignments", "dropped", "aux", "z", "entropy", "tokens", "skew", "micro_batches")
 
 
 def is_moe_layer(cfg: trainer_config_pb2.ModelConfig, layer: int) -> bool:
@@ -188,6 +188,7 @@ class MoEFeedForward(nn.Module):
             "z": z.detach(),
             "entropy": entropy,
             "tokens": torch.tensor(float(n)),
+            "skew": counts.max().float() / counts.float().mean(),
         }
 
 
@@ -205,7 +206,7 @@ def collect(model: nn.Module) -> torch.Tensor | None:
             counts = rec["counts"].double().cpu()
             s.tokens_per_expert += counts
             layer.step_load += counts
-            for name in ("assignments", "dropped", "aux", "z", "entropy", "tokens"):
+            for name in ("assignments", "dropped", "aux", "z", "entropy", "tokens", "skew"):
                 s.totals[name] += float(rec[name])
             s.totals["micro_batches"] += 1
             layer.record = {}
@@ -286,6 +287,7 @@ def progress_fields(model: nn.Module) -> dict:
                 aux_loss=t["aux"] / max(t["micro_batches"], 1.0),
                 z_loss=t["z"] / max(t["tokens"], 1.0),
                 router_entropy=t["entropy"] / max(t["tokens"], 1.0),
+                micro_batch_imbalance=t["skew"] / max(t["micro_batches"], 1.0),
             )
         )
     return {

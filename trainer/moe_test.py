@@ -105,6 +105,7 @@ def test_statistics_read_even_and_collapsed():
     assert s.aux_loss == pytest.approx(EXPERTS, rel=1e-3)  # E · 1 · 1
     assert s.imbalance == pytest.approx(EXPERTS) == fields["moe_max_imbalance"]
     assert s.router_entropy < 1e-3
+    assert s.micro_batch_imbalance == pytest.approx(EXPERTS)
     # Reported once: the next report starts from zero.
     assert moe.progress_fields(collapsed)["moe_layers"][0].tokens_per_expert == [0] * EXPERTS
 
