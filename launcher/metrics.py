@@ -6,7 +6,8 @@ from the trainer's progress reports:
   kitchen_train_total_steps, kitchen_train_loss, kitchen_train_eval_loss, kitchen_train_mfu_ratio,
   kitchen_train_tokens_total, kitchen_train_tokens_per_second, kitchen_train_goodput_ratio,
   kitchen_train_peak_memory_bytes, kitchen_train_padding_ratio, kitchen_train_grad_norm,
-  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total.
+  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total;
+  for mixture-of-experts jobs the kitchen_train_moe_* series of launcher/moe_metrics.py.
 Launcher-wide: kitchen_jobs{state,pool}, kitchen_queue_depth{pool},
   kitchen_job_queue_wait_seconds{pool,team} (histogram), kitchen_scheduler_pass_duration_seconds
   (histogram), kitchen_pool_capacity{pool,resource}, kitchen_pool_in_use{pool,resource}.
