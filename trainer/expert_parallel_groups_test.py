@@ -14,6 +14,7 @@ def test_four_ranks_in_two_expert_groups_match_one_process(tmp_path):
         moe_job(root, "single4", "AUX_FREE_BIAS", MOE, grad_accum=4),
         "--run-dir",
         root / "single4",
+        timeout=600,  # a loaded 2-core machine: minutes, not seconds
     )
     assert single.returncode == 0, single.stdout + single.stderr
     job = moe_job(root, "ep4", "AUX_FREE_BIAS", MOE, parallelism="EXPERT", expert_parallel=2)
