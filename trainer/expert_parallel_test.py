@@ -30,6 +30,7 @@ def two_ranks(root):
         moe_job(root, "single2", "AUX_LOSS", MOE, grad_accum=2),
         "--run-dir",
         root / "single2",
+        timeout=600,  # a loaded 2-core machine: minutes, not seconds
     )
     assert single.returncode == 0, single.stdout + single.stderr
     result = torchrun(moe_job(root, "ep2", "AUX_LOSS", MOE, parallelism="EXPERT"), root / "ep2")
