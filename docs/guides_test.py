@@ -46,6 +46,7 @@ GUIDES = (
     "images.md",
     "reliability.md",
     "rlhf.md",  # #14: by-hand runs (trainer:train) from the SFT checkpoint of sft.md
+    "moe.md",
 )
 JOB_TARGETS = ("//launcher:submit", "//trainer:train")
 COMMAND_TIMEOUT_S = 600

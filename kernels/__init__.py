@@ -17,6 +17,7 @@ from kernels.dispatch import TRITON_IMPORTABLE, triton_available, use_triton
 if TRITON_IMPORTABLE:
     from kernels.ops import cross_entropy as _cross_entropy
     from kernels.ops import fused_linear_cross_entropy as _flce
+    from kernels.ops import grouped_gemm as _grouped_gemm
     from kernels.ops import rms_norm as _rms_norm
     from kernels.ops import rope as _rope
     from kernels.ops import swiglu as _swiglu
@@ -25,6 +26,7 @@ __all__ = [
     "apply_rope",
     "cross_entropy",
     "fused_linear_cross_entropy",
+    "grouped_gemm",
     "reference",
     "rms_norm",
     "swiglu",
@@ -84,3 +86,12 @@ def fused_linear_cross_entropy(
     if use_triton(hidden):
         return _flce.fused_linear_cross_entropy(hidden, weight, target, ignore_index, reduction)
     return reference.fused_linear_cross_entropy(hidden, weight, target, ignore_index, reduction)
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: list[int]) -> torch.Tensor:
+    """x (M, K) whose rows come in consecutive groups of `group_sizes`; group g is multiplied
+    by w[g] (K, N): out (M, N) in x's dtype. The mixture-of-experts expert matmul."""
+    checks.grouped_gemm(x, w, group_sizes)
+    if use_triton(x):
+        return _grouped_gemm.grouped_gemm(x, w, group_sizes)
+    return reference.grouped_gemm(x, w, group_sizes)

@@ -103,3 +103,23 @@ def fused_linear_cross_entropy(
         _fail(op, f"hidden ({hidden.dtype}) and weight ({weight.dtype}) must have one dtype")
     _target(op, target, hidden.shape[:-1])
     _reduction(op, reduction)
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: list[int]) -> None:
+    _float("grouped_gemm", "x", x)
+    _float("grouped_gemm", "w", w)
+    _same_device("grouped_gemm", x=x, w=w)
+    if x.dim() != 2 or w.dim() != 3 or w.shape[1] != x.shape[1]:
+        _fail(
+            "grouped_gemm",
+            f"x {tuple(x.shape)} must be (M, K) and w {tuple(w.shape)} (groups, K, N)",
+        )
+    if x.dtype != w.dtype:
+        _fail("grouped_gemm", f"x is {x.dtype} and w {w.dtype}: cast one (autocast does not)")
+    if len(group_sizes) != w.shape[0] or any(n < 0 for n in group_sizes):
+        _fail(
+            "grouped_gemm",
+            f"group_sizes needs {w.shape[0]} non-negative sizes, got {list(group_sizes)[:8]}",
+        )
+    if sum(group_sizes) != x.shape[0]:
+        _fail("grouped_gemm", f"group_sizes sum to {sum(group_sizes)}, x has {x.shape[0]} rows")

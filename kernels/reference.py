@@ -72,3 +72,12 @@ def fused_linear_cross_entropy(
 ) -> torch.Tensor:
     """cross_entropy(hidden @ weight.T, target): the logits are materialized in full here."""
     return cross_entropy(hidden @ weight.t(), target, ignore_index, reduction)
+
+
+def grouped_gemm(x: torch.Tensor, w: torch.Tensor, group_sizes: list[int]) -> torch.Tensor:
+    """x (M, K) in consecutive row groups, group g times w[g] (K, N): out (M, N). One matmul per
+    group, computed in fp32."""
+    parts = torch.split(x, list(group_sizes))
+    outs = [rows.float() @ w[g].float() for g, rows in enumerate(parts)]
+    out = torch.cat(outs) if outs else x.new_zeros(0, w.shape[2], dtype=torch.float32)
+    return out.to(x.dtype)

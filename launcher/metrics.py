@@ -6,7 +6,8 @@ from the trainer's progress reports:
   kitchen_train_total_steps, kitchen_train_loss, kitchen_train_eval_loss, kitchen_train_mfu_ratio,
   kitchen_train_tokens_total, kitchen_train_tokens_per_second, kitchen_train_goodput_ratio,
   kitchen_train_peak_memory_bytes, kitchen_train_padding_ratio, kitchen_train_grad_norm,
-  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total.
+  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total;
+  for mixture-of-experts jobs the kitchen_train_moe_* series of launcher/moe_metrics.py.
 Launcher-wide: kitchen_jobs{state,pool}, kitchen_queue_depth{pool},
   kitchen_job_queue_wait_seconds{pool,team} (histogram), kitchen_scheduler_pass_duration_seconds
   (histogram), kitchen_pool_capacity{pool,resource}, kitchen_pool_in_use{pool,resource}.
@@ -29,6 +30,7 @@ import time
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from launcher import moe_metrics
 from protos import job_pb2
 from protos.enums import enum_name
 
@@ -114,6 +116,7 @@ class _JobSeries:
         self.preemptions = 0
         self.finished_at = None
         self.rl: dict[str, float] = {}  # _RL_GAUGES: newest non-zero value of each field
+        self.moe = None  # the latest Progress with MoE statistics (launcher/moe_metrics.py)
 
 
 def job_labels(job: job_pb2.Job, names: bool = True) -> list:
@@ -181,6 +184,8 @@ class LauncherMetrics:
             if p.ranks:
                 series.ranks = list(p.ranks)
             series.rl.update((f, v) for _, _, f in _RL_GAUGES if (v := getattr(p, f)))
+            if p.moe_layers:
+                series.moe = p
 
     def attempt_ended(self, job: job_pb2.Job, preempted: bool):
         with self._lock:
@@ -245,6 +250,7 @@ class LauncherMetrics:
         yield from gauges.values()
         yield from (hist, tokens, attempts, preemptions)
         yield from _rank_families(jobs)
+        yield from moe_metrics.families([(s.labels, s.moe) for s in jobs], JOB_LABELS)
 
     def _fleet_families(self, fleet):
         jobs = GaugeMetricFamily(

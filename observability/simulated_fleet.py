@@ -35,6 +35,7 @@ class SimulatedJob:
     padding_fraction: float
     step: int = 0
     diverged: bool = False  # set to make the loss NaN from the next step on
+    moe_experts: int = 0  # > 0: a mixture-of-experts job, reporting routing per layer
 
 
 def simulated_ranks(step_time: float, rng: random.Random) -> list[progress_pb2.RankHealth]:
@@ -73,6 +74,7 @@ def default_fleet() -> list[SimulatedJob]:
             mfu=0.06,
             peak_memory_bytes=2_100_000_000,
             padding_fraction=0.0,
+            moe_experts=8,
         ),
         SimulatedJob(
             _job("j-0002", "chat-sft", job_pb2.SFT, "h100", "research", attempts=2),
@@ -182,7 +184,7 @@ class SimulatedFleet:
         checkpoint = sim.step % 50 == 0  # a checkpoint write makes every 50th step slow
         step_time = sim.step_seconds * rng.uniform(0.95, 1.08) * (4.0 if checkpoint else 1.0)
         loss = 2.4 + 8.4 * math.exp(-sim.step / 300) + rng.gauss(0, 0.03)
-        return progress_pb2.Progress(
+        p = progress_pb2.Progress(
             job_id=sim.job.id,
             attempt=sim.job.attempts,
             phase="train",
@@ -203,6 +205,29 @@ class SimulatedFleet:
             ranks=simulated_ranks(step_time, rng),
             **_rl_fields(sim.job.spec.kind, sim.step, rng),
         )
+        if sim.moe_experts:
+            self._routing(sim, p)
+        return p
+
+    def _routing(self, sim: SimulatedJob, p: progress_pb2.Progress) -> None:
+        """Two balanced MoE layers, top-2: loads within a few tens of percent of even."""
+        for layer in (0, 1):
+            loads = [self.rng.uniform(0.7, 1.4) for _ in range(sim.moe_experts)]
+            mean = sum(loads) / len(loads)
+            p.moe_layers.add(
+                layer=layer,
+                tokens_per_expert=[
+                    int(x * sim.tokens_per_step * 2 / sim.moe_experts) for x in loads
+                ],
+                imbalance=max(loads) / mean,
+                aux_loss=self.rng.uniform(1.0, 1.1),
+                z_loss=self.rng.uniform(1.0, 4.0),
+                router_entropy=self.rng.uniform(0.8, 0.95),
+                micro_batch_imbalance=self.rng.uniform(1.5, 2.5),
+            )
+        p.moe_max_imbalance = max(s.imbalance for s in p.moe_layers)
+        p.moe_min_router_entropy = min(s.router_entropy for s in p.moe_layers)
+        p.moe_dropped_fraction = 0.0
 
     def tick(self) -> None:
         """One step of every job, one job leaving each pool's queue, one scheduler pass."""

@@ -82,6 +82,15 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "norm_eps": Field(1e-5, 0, 1, low_open=True),
         "tie_embeddings": Field(True),
         "use_kernels": Field(True),
+        "moe_experts": Field(0, 0, 1 << 16),
+        "moe_top_k": Field(2, 1, 1 << 16),
+        "moe_shared_experts": Field(0, 0, 64),
+        "moe_every": Field(1, 1, 1024),
+        "moe_ffn_dim": Field(None, 1, 1 << 20),
+        "moe_aux_loss_coef": Field(0.01, 0, 100),
+        "moe_z_loss_coef": Field(0.001, 0, 100),
+        "moe_capacity_factor": Field(0.0, 0, 1024),
+        "moe_bias_update_rate": Field(0.001, 0, 1),
     },
     "optim": {
         "lr": Field(3e-3, 0, 10, low_open=True),
@@ -102,6 +111,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "eval_batches": Field(8, 1, 1 << 20),
         "spike_factor": Field(3.0, 1, 1e6, low_open=True),
         "max_bad_steps": Field(3, 1, 1000),
+        "expert_parallel": Field(0, 0, 1 << 16),
     },
     "checkpoint": {
         "every_steps": Field(50, 0, 1 << 30),
@@ -147,8 +157,10 @@ ENUM_DEFAULTS: dict[tuple[str, str], str] = {
     ("optim", "schedule"): "COSINE",
     ("train", "recompute"): "NONE",
     ("rl", "reward"): "REWARD_MODEL",
-    ("rl", "dpo_loss"): "SIGMOID",
+    ("rl", "dpo_loss"): "SIGMOID_LOSS",
     ("rl", "algorithm"): "CLIPPED_PPO",
+    ("model", "moe_gate"): "SOFTMAX",
+    ("model", "moe_balance"): "AUX_LOSS",
 }
 
 # train.dtype spellings -> torch dtype names ("" = automatic: bf16 on CUDA, fp32 elsewhere).
@@ -226,4 +238,6 @@ def with_defaults(
         m.ffn_dim = ffn_dim_for(m.dim)
     if not m.HasField("max_seq_len"):
         m.max_seq_len = out.data.seq_len
+    if not m.HasField("moe_ffn_dim"):
+        m.moe_ffn_dim = m.ffn_dim
     return out

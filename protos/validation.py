@@ -259,6 +259,49 @@ def validate_trainer(
         f"SINGLE with {world_size} processes would train {world_size} unrelated models: "
         "use DDP or FSDP",
     )
+    validate_moe(cfg, world_size)
+
+
+def validate_moe(cfg: trainer_config_pb2.TrainerConfig, world_size: int) -> None:
+    """The mixture-of-experts rules (#18): routing fits the experts, expert parallelism fits
+    the processes and the experts."""
+    m, t = cfg.model, cfg.train
+    expert = t.parallelism == trainer_config_pb2.EXPERT
+    _check(
+        expert or t.expert_parallel == 0,
+        "trainer.train.expert_parallel",
+        "only applies to parallelism EXPERT",
+    )
+    if m.moe_experts == 0:
+        _check(
+            not expert,
+            "trainer.train.parallelism",
+            "EXPERT shards experts across ranks: set trainer.model.moe_experts",
+        )
+        return
+    _check(
+        m.moe_top_k <= m.moe_experts,
+        "trainer.model.moe_top_k",
+        f"{m.moe_top_k} is more than moe_experts {m.moe_experts}",
+    )
+    _check(
+        m.moe_every <= m.n_layers,
+        "trainer.model.moe_every",
+        f"{m.moe_every} is more than n_layers {m.n_layers}: no layer would be MoE",
+    )
+    if not expert:
+        return
+    ep = t.expert_parallel or world_size
+    _check(
+        world_size % ep == 0,
+        "trainer.train.expert_parallel",
+        f"{ep} does not divide the {world_size} processes",
+    )
+    _check(
+        m.moe_experts % ep == 0,
+        "trainer.train.expert_parallel",
+        f"{ep} ranks cannot share moe_experts {m.moe_experts} evenly",
+    )
 
 
 # #14: the post-training kinds (trainer/rl/, docs/rlhf.md).

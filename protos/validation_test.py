@@ -193,3 +193,46 @@ def test_an_rl_job_resolves_with_its_defaults():
     )
     assert rl.algorithm == trainer_config_pb2.CLIPPED_PPO
     assert rl.pass_verifier == trainer_config_pb2.HAS_NUMBER  # derived from rl.reward
+
+@pytest.mark.parametrize(
+    "fields, processes, message",
+    [
+        (
+            {"moe_experts": 4, "moe_top_k": 5},
+            1,
+            "trainer.model.moe_top_k: 5 is more than moe_experts 4",
+        ),
+        (
+            {"moe_experts": 4, "moe_every": 9},
+            1,
+            "trainer.model.moe_every: 9 is more than n_layers 4",
+        ),
+        ({"parallelism": "EXPERT"}, 2, "trainer.train.parallelism: EXPERT shards experts"),
+        ({"moe_experts": 6, "parallelism": "EXPERT"}, 4, "4 ranks cannot share moe_experts 6"),
+        (
+            {"moe_experts": 8, "parallelism": "EXPERT", "expert_parallel": 3},
+            4,
+            "3 does not divide the 4",
+        ),
+        (
+            {"moe_experts": 8, "expert_parallel": 2},
+            1,
+            "expert_parallel: only applies to parallelism EXPERT",
+        ),
+    ],
+)
+def test_moe_rules_name_their_field(fields, processes, message):
+    cfg = trainer_config_pb2.TrainerConfig()
+    for name, value in fields.items():
+        section = cfg.train if name in ("parallelism", "expert_parallel") else cfg.model
+        setattr(
+            section, name, getattr(trainer_config_pb2, value) if isinstance(value, str) else value
+        )
+    with pytest.raises(ConfigError, match=message):
+        resolve_trainer(cfg, world_size=processes)
+
+
+def test_expert_parallel_over_all_processes_by_default():
+    cfg = trainer_config_pb2.TrainerConfig()
+    cfg.model.moe_experts, cfg.train.parallelism = 8, trainer_config_pb2.EXPERT
+    assert resolve_trainer(cfg, world_size=4).train.expert_parallel == 0  # 0 = all of them

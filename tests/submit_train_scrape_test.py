@@ -25,7 +25,7 @@ kind: pretrain
 team: research
 trainer:
   data: {seq_len: 64, vocab_size: 512, max_documents: 200}
-  model: {dim: 64, n_layers: 2, n_heads: 4}
+  model: {dim: 64, n_layers: 2, n_heads: 4, moe_experts: 4}  # experts: the MoE panels have data
   train: {steps: 40, micro_batch: 4, log_every: 2, eval_every: 20, eval_batches: 2}
   checkpoint: {every_steps: 20}
 """

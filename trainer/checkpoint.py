@@ -120,6 +120,8 @@ def _state_options():
 
 def model_state(model) -> dict:
     """The full model state dict on CPU (gathered from every rank under FSDP)."""
+    if hasattr(model, "full_state_dict"):  # expert parallel: experts gathered
+        return model.full_state_dict()
     if not distributed.active():
         return {k: v.detach().cpu() for k, v in distributed.unwrap(model).state_dict().items()}
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -128,6 +130,8 @@ def model_state(model) -> dict:
 
 
 def optimizer_state(model, optimizer) -> dict:
+    if hasattr(model, "full_optimizer_state_dict"):  # expert parallel
+        return model.full_optimizer_state_dict(optimizer)
     if not distributed.active():
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
@@ -136,6 +140,9 @@ def optimizer_state(model, optimizer) -> dict:
 
 
 def load_model_state(model, state: dict) -> None:
+    if hasattr(model, "load_full_state_dict"):  # expert parallel: experts sliced
+        model.load_full_state_dict(state)
+        return
     if not distributed.active():
         distributed.unwrap(model).load_state_dict(state)
         return
@@ -145,6 +152,9 @@ def load_model_state(model, state: dict) -> None:
 
 
 def load_optimizer_state(model, optimizer, state: dict) -> None:
+    if hasattr(model, "load_full_optimizer_state_dict"):  # expert parallel
+        model.load_full_optimizer_state_dict(optimizer, state)
+        return
     if not distributed.active():
         optimizer.load_state_dict(state)
         return

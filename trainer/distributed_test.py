@@ -5,10 +5,6 @@ labelled token of the global batch: so 2 ranks x 1 micro-batch (DDP or FSDP2) mu
 1 process x 2 micro-batches of gradient accumulation, up to float summation order.
 """
 
-import socket
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -16,39 +12,13 @@ from protos.progress_log import read_progress_log
 from trainer.testing import (
     final_weights,
     run_trainer,
-    subprocess_env,
     tiny_job,
+    torchrun,
     train_losses,
     write_job,
 )
 
 STEPS = 6
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def torchrun(job, run_dir) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes=1",
-        "--nproc_per_node=2",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-        "-m",
-        "trainer.main",
-        "--config",
-        str(job),
-        "--run-dir",
-        str(run_dir),
-    ]
-    env = dict(subprocess_env(), GLOO_SOCKET_IFNAME="lo")
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
 
 
 @pytest.fixture(scope="module")

@@ -26,10 +26,11 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def model_config():
+def model_config(moe_experts: int = 0):
     cfg = trainer_config_pb2.TrainerConfig()
     cfg.data.seq_len = 16
     cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.model.n_kv_heads = 64, 2, 4, 2
+    cfg.model.moe_experts, cfg.model.moe_shared_experts = moe_experts, 1  # MoE: grouped GEMM
     return resolve_trainer(cfg).model
 
 
@@ -38,7 +39,8 @@ def test_select_ops_honours_use_kernels():
     assert select_ops(False, "cpu") is reference
 
 
-def test_kernels_match_reference_loss_and_gradients():
+@pytest.mark.parametrize("moe_experts", [0, 4], ids=["dense", "moe"])
+def test_kernels_match_reference_loss_and_gradients(moe_experts):
     torch.manual_seed(0)
     ids = torch.randint(0, VOCAB, (2, 16))
     positions = torch.cat([torch.arange(10), torch.arange(6)]).expand(2, -1)
@@ -48,7 +50,7 @@ def test_kernels_match_reference_loss_and_gradients():
     results = []
     for ops in (kernels, reference):
         torch.manual_seed(1)
-        model = Transformer(model_config(), VOCAB, ops=ops)
+        model = Transformer(model_config(moe_experts), VOCAB, ops=ops)
         loss = model(ids, positions, attention_layout(docs, "cpu", torch.float32), labels)
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))

@@ -18,7 +18,7 @@ import torch
 
 from protos import job_pb2, trainer_config_pb2
 from protos.enums import enum_name
-from trainer import checkpoint, distributed, evaluate
+from trainer import checkpoint, distributed, evaluate, expert_parallel, moe
 from trainer.config import train_dtype
 from trainer.distributed import DistEnv
 from trainer.grad_noise import GradientNoiseScale
@@ -104,7 +104,11 @@ class Trainer:
         if t.compile:
             for block in model.layers:
                 block.compile()
-        self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
+        if self.parallelism == "EXPERT":
+            ep = t.expert_parallel or env.world_size
+            self.model = expert_parallel.wrap(model, env, ep)
+        else:
+            self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.steps)
         # fp16's 5 exponent bits underflow small gradients: the loss is scaled up before
@@ -273,7 +277,10 @@ class Trainer:
         totals = distributed.all_reduce_sum(torch.cat([loss_sum.view(1), small]))
         clip = self.cfg.optim.grad_clip or math.inf
         self.scaler.unscale_(self.optimizer)  # clip the true gradients (no-op unless fp16)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        if isinstance(self.model, expert_parallel.ExpertParallel):  # a norm over all experts
+            grad_norm = self.model.clip_grad_norm_(clip)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
         if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
@@ -326,6 +333,7 @@ class Trainer:
         if verdict is Verdict.OK:
             self.scaler.step(self.optimizer)  # skipped if fp16 gradients overflowed
         self.scaler.update()
+        moe.end_step(self.model, updated=verdict is Verdict.OK)  # expert bias balancing
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]
         with warnings.catch_warnings():
@@ -424,6 +432,7 @@ class Trainer:
             gradient_noise_scale=self.noise.value,
             ranks=self.health.rank_report(),
             **self._counters(),
+            **moe.progress_fields(self.model),
         )
         self.log(self.metrics.human_line(p))
 

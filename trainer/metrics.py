@@ -188,6 +188,12 @@ class MetricsLogger:
                 if p.gradient_noise_scale
                 else ""
             )
+            + (
+                f" | MoE imbalance {p.moe_max_imbalance:.2f}, entropy "
+                f"{p.moe_min_router_entropy:.2f}, dropped {p.moe_dropped_fraction:.1%}"
+                if p.moe_layers
+                else ""
+            )
             + (f" | skipped {p.skipped_steps}" if p.skipped_steps else "")
             + (f" | rollbacks {p.rollbacks}" if p.rollbacks else "")
         )

@@ -22,7 +22,8 @@ from torch.utils.checkpoint import checkpoint
 
 import kernels
 from kernels import reference
-from kernels.modules import RMSNorm, RotaryEmbedding, SwiGLUMLP
+from kernels.modules import RMSNorm, RotaryEmbedding
+from trainer import moe
 
 
 def select_ops(use_kernels: bool, device):
@@ -157,12 +158,12 @@ def _varlen(q, k, v, layout: Layout):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg, ops, recompute: str):
+    def __init__(self, cfg, ops, recompute: str, layer: int = 0):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         self.attention = Attention(cfg, ops)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
-        self.feed_forward = SwiGLUMLP(cfg.dim, cfg.ffn_dim, ops)
+        self.feed_forward = moe.feed_forward(cfg, ops, layer)  # SwiGLU MLP, or experts
         self.recompute = recompute  # "NONE", "SELECTIVE" (attention) or "FULL" (the block)
 
     def _attend(self, x, cos, sin, layout, cache=None, layer=0):
@@ -189,7 +190,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.vocab_size, self.n_layers = vocab_size, cfg.n_layers
         self.tok_embeddings = nn.Embedding(vocab_size, cfg.dim)
-        self.layers = nn.ModuleList(Block(cfg, ops, recompute) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(Block(cfg, ops, recompute, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps, ops)
         self.output = nn.Linear(cfg.dim, vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -204,7 +205,7 @@ class Transformer(nn.Module):
         for name, p in self.named_parameters():
             if p.dim() == 1:
                 p.fill_(1.0)
-            elif name.endswith(("wo.weight", "w2.weight")):
+            elif name.endswith(("wo.weight", "w2.weight", "experts.w2")):
                 p.normal_(0.0, 0.02 / math.sqrt(2 * self.n_layers))
             else:
                 p.normal_(0.0, 0.02)
@@ -226,18 +227,21 @@ class Transformer(nn.Module):
         """Logits (B, T, vocab) in fp32, or with `labels` the summed cross entropy over the
         tokens that have a label (not -100): the caller divides by the global token count."""
         h = self.hidden(input_ids, position_ids, layout, cache)
+        penalty = moe.collect(self)  # MoE balancing terms of this forward (None when dense)
         weight = self.output.weight
         if labels is None:
             return F.linear(h, weight).float()
         if torch.is_autocast_enabled(h.device.type):
             dtype = torch.get_autocast_dtype(h.device.type)
             h, weight = h.to(dtype), weight.to(dtype)
-        return self.ops.fused_linear_cross_entropy(
+        loss = self.ops.fused_linear_cross_entropy(
             h.reshape(-1, h.shape[-1]), weight, labels.reshape(-1), reduction="sum"
         )
+        return moe.with_penalty(loss, penalty)
 
     def matmul_params(self) -> int:
         """Weights used in a matmul per token: the blocks and the output head (the input
         embedding is a table lookup), the N of 6·N in FLOPs per token, as torchtitan counts."""
         blocks = sum(p.numel() for p in self.layers.parameters())
+        blocks -= moe.inactive_expert_params(self)  # a token uses k of E experts
         return blocks + self.output.weight.numel()

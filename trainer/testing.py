@@ -2,6 +2,7 @@
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -122,3 +123,62 @@ def train_losses(run_dir) -> list[tuple[int, float]]:
 def final_weights(run_dir) -> dict:
     newest = sorted((Path(run_dir) / "checkpoints").glob("step_*"))[-1]
     return torch.load(newest / "model.pt", map_location="cpu")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(job, run_dir, nproc: int = 2) -> subprocess.CompletedProcess:
+    """`trainer.main --config job` under torchrun with `nproc` processes (gloo on 127.0.0.1)."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc_per_node={nproc}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "-m",
+        "trainer.main",
+        "--config",
+        str(job),
+        "--run-dir",
+        str(run_dir),
+    ]
+    env = dict(subprocess_env(), GLOO_SOCKET_IFNAME="lo")
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=240 * nproc)
+
+
+MOE_STEPS = 6  # of the jobs of moe_job
+
+
+def moe_job(root, name: str, balance: str, model: dict, **train) -> Path:
+    """A tiny MoE job written to `root/<name>.yaml`: MOE_STEPS steps at a constant learning rate
+    (so a resumed run takes the same steps), a checkpoint every 3."""
+    job = tiny_job(
+        Path(root) / "cache",
+        steps=MOE_STEPS,
+        model={**model, "moe_balance": balance},
+        optim={"schedule": "CONSTANT"},
+        train=train,
+        checkpoint={"every_steps": 3},
+    )
+    return write_job(Path(root) / f"{name}.yaml", job)
+
+
+def assert_same_run(expected_dir, got_dir, steps: int = MOE_STEPS) -> None:
+    """Two runs logged the same loss at every step and ended with the same weights, up to
+    float summation order (one process accumulating vs several summing)."""
+    import pytest
+
+    expected, got = dict(train_losses(expected_dir)), dict(train_losses(got_dir))
+    assert sorted(got) == sorted(expected) == list(range(1, steps + 1))
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=1e-5), step
+    a, b = final_weights(expected_dir), final_weights(got_dir)
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(b[name], a[name], rtol=1e-4, atol=1e-5, msg=name)

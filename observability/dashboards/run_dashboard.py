@@ -41,7 +41,8 @@ def build() -> Dashboard:
         kitchen_dashboard(
             UID,
             "Kitchen run",
-            "One training run: loss, MFU, throughput, step time, goodput, memory, restarts. "
+            "One training run: loss, MFU, throughput, step time, goodput, memory, restarts, "
+            "experts. "
             "Guide: docs/observability.md",
         )
         .with_variable(
@@ -252,6 +253,46 @@ def build() -> Dashboard:
                     ),
                     target(_series("kitchen_rl_margin"), "margin " + LEGEND, "B"),
                 ],
+            )
+        )
+        .with_row(dashboard.Row("Mixture of experts (empty for dense models)"))
+        .with_panel(
+            timeseries_panel(
+                "Expert load imbalance per layer",
+                "Max over mean tokens per expert, per MoE layer: 1 is even, experts/top_k is a "
+                "router that sends everything to k experts. Balanced runs sit near 1.2-2; a "
+                "climb that stays is router collapse (alert KitchenMoERouterCollapse, "
+                "docs/moe.md).",
+                "none",
+                [target(_series("kitchen_train_moe_layer_imbalance"), "layer {{layer}} " + LEGEND)],
+                min_value=1,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Load-balancing loss per layer",
+                "E·sum_i f_i·P_i per MoE layer (Switch/GShard): 1 when tokens and router "
+                "probability spread evenly, up to E when collapsed.",
+                "none",
+                [target(_series("kitchen_train_moe_layer_aux_loss"), "layer {{layer}} " + LEGEND)],
+                min_value=0,
+            )
+        )
+        .with_panel(
+            timeseries_panel(
+                "Router entropy and dropped tokens",
+                "The lowest layer's mean router entropy over ln(experts) (1: the router cannot "
+                "choose; near 0: certain) and the share of routed assignments dropped at expert "
+                "capacity (0 when dropless).",
+                "percentunit",
+                [
+                    target(
+                        _series("kitchen_train_moe_min_router_entropy"), "entropy " + LEGEND, "A"
+                    ),
+                    target(_series("kitchen_train_moe_dropped_ratio"), "dropped " + LEGEND, "B"),
+                ],
+                min_value=0,
+                max_value=1,
             )
         )
         .build()

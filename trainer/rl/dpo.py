@@ -46,7 +46,7 @@ def pair_loss(job: rljob.RlJob, model, ref, pairs: list[data.PreferencePair]):
     seqs = [job.pair_sequence(p.prompt, p.chosen) for p in pairs]
     seqs += [job.pair_sequence(p.prompt, p.rejected) for p in pairs]
     batch = job.batch(seqs)
-    mean = rl.dpo_loss == trainer_config_pb2.IPO
+    mean = rl.dpo_loss == trainer_config_pb2.IPO_LOSS
     pi = sequence_logps(model, batch, mean)
     with torch.no_grad():
         ref_logps = sequence_logps(ref, batch, mean)

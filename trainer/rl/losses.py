@@ -21,19 +21,19 @@ def dpo_loss(
     ref_rejected_logps: torch.Tensor,
     beta: float,
     *,
-    loss: trainer_config_pb2.DpoLoss = trainer_config_pb2.SIGMOID,
+    loss: trainer_config_pb2.DpoLoss = trainer_config_pb2.SIGMOID_LOSS,
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(per-pair losses, chosen rewards, rejected rewards) from per-sequence log-probabilities.
 
-    SIGMOID: -(1 - ls) log sigmoid(beta h) - ls log sigmoid(-beta h), h the log-ratio margin
+    SIGMOID_LOSS: -(1 - ls) log sigmoid(beta h) - ls log sigmoid(-beta h), h the log-ratio margin
     (conservative DPO when label_smoothing ls > 0). IPO: (h - 1 / (2 beta))^2 (pass mean
     per-token log-probabilities for IPO, as its paper and TRL do). The rewards carry no grad.
     """
     chosen_ratio = policy_chosen_logps - ref_chosen_logps
     rejected_ratio = policy_rejected_logps - ref_rejected_logps
     h = chosen_ratio - rejected_ratio
-    if loss == trainer_config_pb2.IPO:
+    if loss == trainer_config_pb2.IPO_LOSS:
         losses = (h - 1 / (2 * beta)) ** 2
     else:
         losses = -(1 - label_smoothing) * F.logsigmoid(beta * h) - label_smoothing * F.logsigmoid(

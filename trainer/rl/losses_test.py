@@ -31,7 +31,7 @@ def test_dpo_label_smoothing_and_ipo():
     out, _, _ = losses.dpo_loss(t(0), t(-2), t(0), t(0), 0.5, label_smoothing=0.1)
     assert out.item() == pytest.approx(0.9 * softplus(-1) + 0.1 * softplus(1))
     # IPO: (h - 1 / (2 beta))^2 = (2 - 1)^2 = 1
-    ipo, _, _ = losses.dpo_loss(t(0), t(-2), t(0), t(0), 0.5, loss=trainer_config_pb2.IPO)
+    ipo, _, _ = losses.dpo_loss(t(0), t(-2), t(0), t(0), 0.5, loss=trainer_config_pb2.IPO_LOSS)
     assert ipo.item() == pytest.approx(1.0)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from protos.defaults import SECTIONS, ffn_dim_for
 from trainer.sizing import batch, flops, memory
+from trainer.sizing import moe as moe_sizing
 from trainer.sizing.accelerators import ACCELERATORS, match_accelerator
 from trainer.sizing.params import llama_param_count
 from trainer.sizing.report import (
@@ -65,7 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     m = p.add_argument_group("model (a --preset, or the shape flags)")
-    m.add_argument("--preset", choices=sorted(PRESETS), help="a known public model shape")
+    m.add_argument(
+        "--preset",
+        choices=sorted(PRESETS) + sorted(moe_sizing.PRESETS),
+        help="a known public model shape",
+    )
     m.add_argument("--layers", type=int, help="transformer layers L")
     m.add_argument("--dim", type=int, help="hidden size d")
     m.add_argument("--heads", type=int, help="attention heads H (head dim Q = d/H)")
@@ -111,12 +116,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="count dropout masks, as Korthikanti et al. do (Kitchen's model has no dropout)",
     )
+    e = p.add_argument_group("mixture of experts (trainer/sizing/moe.py)")
+    e.add_argument("--experts", type=int, help="routed experts per MoE layer (dense if unset)")
+    e.add_argument("--top-k", type=int, default=2, help="routed experts per token (2)")
+    e.add_argument("--shared-experts", type=int, default=0, help="always-on experts (0)")
+    e.add_argument("--expert-ffn-dim", type=int, help="one expert's width (default: --ffn-dim)")
+    e.add_argument("--moe-every", type=int, default=1, help="every k-th layer is MoE (1)")
+    e.add_argument("--expert-parallel", type=int, default=1, help="ranks sharing experts (1)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
 
 
 def _shape(a: argparse.Namespace) -> Shape:
-    shape: dict[str, Any] = dict(PRESETS[a.preset]) if a.preset else {}
+    preset = PRESETS.get(a.preset) or (a.preset and moe_sizing.PRESETS[a.preset].shape)
+    shape: dict[str, Any] = dict(preset) if preset else {}
     shape["tie_embeddings"] = False if a.preset else SECTIONS["model"]["tie_embeddings"].default
     for key in ("layers", "dim", "heads", "kv_heads", "ffn_dim", "vocab", "tie_embeddings"):
         if getattr(a, key) is not None:
@@ -182,8 +195,11 @@ def make_plan(a: argparse.Namespace) -> Plan:
     s = _shape(a)
     L, d, H, V, T, Q = s.layers, s.dim, s.heads, s.vocab, a.seq_len, s.head_dim
     pc = llama_param_count(d, L, H, s.kv_heads, s.ffn_dim, V, s.tie_embeddings)
-    total = int(a.params) if a.params else pc.total
+    experts = _experts(a, s)  # None for a dense model
+    total = int(a.params) if a.params else (experts.total if experts else pc.total)
     n = total - (0 if s.tie_embeddings else V * d) - d if a.params else pc.non_embedding
+    if experts and not a.params:
+        n = experts.non_embedding_active  # FLOPs follow the active experts
     if n <= 0:
         raise PlanError(f"--params: {total} is not more than the embedding's V·d = {V * d}")
     tokens = a.tokens or 20.0 * total
@@ -198,7 +214,13 @@ def make_plan(a: argparse.Namespace) -> Plan:
             else ("V·d (tied) + L·layer + d" if s.tie_embeddings else "2·V·d + L·layer + d"),
         ),
         params_per_layer=q(pc.per_layer, "params", "2·d² + 2·d·KVH·Q + 3·d·f + 2·d"),
-        non_embedding=q(n, "params", "L·layer + V·d (blocks and output projection)"),
+        non_embedding=q(
+            n,
+            "params",
+            "active: blocks with k of E experts + V·d"
+            if experts and not a.params
+            else "L·layer + V·d (blocks and output projection)",
+        ),
     )
 
     fpt = flops.flops_per_token(n, L, H, Q, T)
@@ -222,17 +244,74 @@ def make_plan(a: argparse.Namespace) -> Plan:
         wall_clock=q(seconds, "s", "total FLOPs / cluster FLOP/s"),
         gpu_hours=q(seconds * a.gpus / 3600, "GPU-h", "wall clock × GPUs"),
     )
+    batch_section = _batch(a, T, cluster / fpt, tokens)
+    held = experts.per_rank(a.expert_parallel) if experts else total  # every expert is memory
     return Plan(
         inputs=vars(a),
         model=model,
         compute=compute,
         time=time,
-        memory=_memory(a, s, total, mem_gib),
-        batch=_batch(a, T, cluster / fpt, tokens),
+        memory=_memory(a, s, held, mem_gib),
+        batch=batch_section,
+        moe=_moe_section(a, s, experts, batch_section),
     )
 
 
-def _memory(a: argparse.Namespace, s: Shape, total: int, mem_gib: float) -> MemorySection:
+def _moe_spec(a: argparse.Namespace, s: Shape) -> moe_sizing.MoESpec | None:
+    if a.preset in moe_sizing.PRESETS and a.experts is None:
+        return moe_sizing.PRESETS[a.preset].spec
+    if a.experts is None:
+        return None
+    for flag in ("experts", "top_k", "moe_every", "expert_parallel"):
+        if getattr(a, flag) <= 0:
+            raise PlanError(f"--{flag.replace('_', '-')}: {getattr(a, flag)} must be positive")
+    if a.top_k > a.experts:
+        raise PlanError(f"--top-k: {a.top_k} is more than --experts {a.experts}")
+    if a.shared_experts < 0:
+        raise PlanError(f"--shared-experts: {a.shared_experts} must not be negative")
+    return moe_sizing.MoESpec(
+        a.experts, a.top_k, a.expert_ffn_dim or s.ffn_dim, a.shared_experts, a.moe_every
+    )
+
+
+def _experts(a: argparse.Namespace, s: Shape) -> moe_sizing.MoEParamCount | None:
+    spec = _moe_spec(a, s)
+    if spec is None:
+        return None
+    if spec.experts % a.expert_parallel:
+        raise PlanError(f"--expert-parallel: {a.expert_parallel} does not divide {spec.experts}")
+    preset = moe_sizing.PRESETS.get(a.preset)
+    attention = preset.attention_per_layer if preset and a.experts is None else None
+    return moe_sizing.moe_param_count(
+        dim=s.dim,
+        n_layers=s.layers,
+        vocab=s.vocab,
+        tie_embeddings=s.tie_embeddings,
+        dense_ffn_dim=s.ffn_dim,
+        attention_per_layer=attention
+        or moe_sizing.gqa_attention_params(s.dim, s.heads, s.kv_heads),
+        spec=spec,
+    )
+
+
+def _moe_section(a, s: Shape, count, batch_section: BatchSection):
+    if count is None:
+        return None
+    spec = _moe_spec(a, s)
+    assert spec is not None
+    return moe_sizing.section(
+        count,
+        spec,
+        s.layers,
+        s.dim,
+        expert_parallel=a.expert_parallel,
+        bytes_per_element=2 if a.dtype == "bf16" else 4,
+        tokens_per_rank_per_step=batch_section.global_batch_tokens.value / a.gpus,
+        mfu=a.mfu,
+    )
+
+
+def _memory(a: argparse.Namespace, s: Shape, total: float, mem_gib: float) -> MemorySection:
     L, d, H, V, T, b = s.layers, s.dim, s.heads, s.vocab, a.seq_len, a.micro_batch
     layout = "mixed" if a.dtype == "bf16" else "fp32"
     w, g, o = memory.LAYOUTS[layout]

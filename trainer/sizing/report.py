@@ -118,6 +118,7 @@ class Plan:
     time: TimeSection
     memory: MemorySection
     batch: BatchSection
+    moe: Any = None  # trainer/sizing/moe.py's MoESection, for a mixture-of-experts model
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -174,6 +175,17 @@ def render(plan: Plan) -> str:
     row("parameters", m.parameters)
     row("per layer", m.params_per_layer)
     row("non-embedding N", m.non_embedding)
+    if plan.moe is not None:
+        e = plan.moe
+        section(f"MIXTURE OF EXPERTS: {e.experts}")
+        row("total parameters", e.total)
+        row("active per token", e.active)
+        row("active share", e.active_share)
+        row("routed experts", e.routed_experts)
+        row("held per rank", e.params_per_rank)
+        row("all-to-all per step", e.all_to_all_per_step)
+        row("MFU on total params", e.mfu_if_quoted_on_total)
+        lines.append("  (N above and FLOPs below count the active parameters; memory holds all)")
     section("COMPUTE")
     row("training tokens", c.tokens)
     row("FLOPs per token", c.flops_per_token)
