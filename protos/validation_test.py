@@ -194,6 +194,7 @@ def test_an_rl_job_resolves_with_its_defaults():
     assert rl.algorithm == trainer_config_pb2.CLIPPED_PPO
     assert rl.pass_verifier == trainer_config_pb2.HAS_NUMBER  # derived from rl.reward
 
+
 @pytest.mark.parametrize(
     "fields, processes, message",
     [
