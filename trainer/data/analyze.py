@@ -21,7 +21,6 @@ import os
 import numpy as np
 
 from protos import files
-from protos.enums import enum_name
 from protos.trainer_config_pb2 import DataConfig
 from trainer.data import packing
 from trainer.data.mixture import plan_sources

@@ -51,9 +51,7 @@ def select(cfg: DataConfig, tok_path: str, say: Say) -> Selection:
     load = lambda name: np.load(os.path.join(tok_path, name))
     lengths = np.diff(load("doc_offsets.npy"))
     doc_split = load("doc_split.npy")
-    keep, filtered = filters.apply(
-        cfg, lengths, load("doc_alpha.npy"), load("doc_line_repeat.npy")
-    )
+    keep, filtered = filters.apply(cfg, lengths, load("doc_alpha.npy"), load("doc_line_repeat.npy"))
     survivors = np.flatnonzero(keep)
     exact_dups = near_dups = 0
     if cfg.dedup_exact:

@@ -48,9 +48,7 @@ def plan_sources(cfg: DataConfig) -> CorpusPlan:
             dataclasses.replace(u, source=i, first_record=u.first_record + out.records)
             for u in plan.units
         ]
-        out.files += [
-            dataclasses.replace(f, relpath=f"{src.name}/{f.relpath}") for f in plan.files
-        ]
+        out.files += [dataclasses.replace(f, relpath=f"{src.name}/{f.relpath}") for f in plan.files]
         out.records += plan.records
         out.sources.append(SourceReader(src.name, one, src_fmt))
     return out
@@ -106,7 +104,9 @@ def select_train(
     mine = [train_docs[doc_source[train_docs] == i] for i in range(len(names))]
     available = [int(lengths[d].sum()) for d in mine]
     chosen, stats = [], {}
-    for i, (name, docs, target) in enumerate(zip(names, mine, _targets(cfg, available), strict=True)):
+    for i, (name, docs, target) in enumerate(
+        zip(names, mine, _targets(cfg, available), strict=True)
+    ):
         picked = docs if not cfg.sources else _sample(docs, lengths[docs], target, _rng(cfg, i))
         chosen.append(picked)
         got = int(lengths[picked].sum())

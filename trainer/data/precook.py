@@ -19,7 +19,6 @@ from protos.trainer_config_pb2 import DataConfig
 from protos.validation import resolve_data
 from trainer.data import cache as cache_mod
 from trainer.data import curate, manifest, packing, shards, tokenized
-from trainer.data.mixture import plan_sources
 from trainer.data.errors import DataConfigError
 from trainer.data.manifest import (
     Counts,
@@ -28,6 +27,7 @@ from trainer.data.manifest import (
     SplitStats,
     TokenizedManifest,
 )
+from trainer.data.mixture import plan_sources
 from trainer.data.progress import Say, human
 from trainer.data.tokenizer import Tokenizer, from_section
 

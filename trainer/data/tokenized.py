@@ -24,8 +24,8 @@ import multiprocessing
 import os
 import time
 from array import array
-from dataclasses import dataclass
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
