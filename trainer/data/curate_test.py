@@ -110,9 +110,10 @@ def test_mixture_follows_weights_deterministically(sources, tmp_path):
     one = precook_dataset(mixture(sources), str(tmp_path / "a"), show_progress=False)
     again = precook_dataset(mixture(sources), str(tmp_path / "b"), show_progress=False)
     for name in one.manifest.files:
-        with open(os.path.join(one.path, name), "rb") as f, open(
-            os.path.join(again.path, name), "rb"
-        ) as g:
+        with (
+            open(os.path.join(one.path, name), "rb") as f,
+            open(os.path.join(again.path, name), "rb") as g,
+        ):
             assert f.read() == g.read(), name
     s = one.manifest.sources
     assert s is not None
@@ -123,9 +124,10 @@ def test_mixture_follows_weights_deterministically(sources, tmp_path):
         assert s[name].target_tokens <= s[name].selected_tokens
         assert s[name].selected_tokens < s[name].target_tokens + 4 * longest
     assert s["small"].epochs > 1 > s["large"].epochs  # the small source is upsampled
-    assert one.manifest.splits["train"].tokens == s["small"].selected_tokens + s[
-        "large"
-    ].selected_tokens
+    assert (
+        one.manifest.splits["train"].tokens
+        == s["small"].selected_tokens + s["large"].selected_tokens
+    )
     other_seed = precook_dataset(
         mixture(sources, mixture_seed=7), str(tmp_path / "c"), show_progress=False
     )

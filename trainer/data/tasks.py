@@ -207,7 +207,7 @@ def _read_results(job: Job) -> Iterator:
                 yield z["index"], z["lengths"], z["tokens"], mask, skipped, int(z["n_empty"]), feats
 
 
-def merge(job: Job, cache_dir: str, say: Say) -> PrecookedDataset:
+def merge(job: Job, cache_dir: str, say: Say, show_progress: bool = False) -> PrecookedDataset:
     """Write the tokenized corpus from the parts and pack it; TaskError if a part is missing."""
     missing = sorted(set(range(job.n_tasks)) - set(done(job)))
     if missing:
@@ -221,7 +221,7 @@ def merge(job: Job, cache_dir: str, say: Say) -> PrecookedDataset:
         )
         cache = cache_mod.Cache(cache_dir)
         cache.get_or_build(TokenizedManifest, tokenized.entry_name(cfg, key), key, build, say)
-    ds = precook_dataset(job.cfg, cache_dir, show_progress=False)
+    ds = precook_dataset(job.cfg, cache_dir, show_progress=show_progress)
     shutil.rmtree(job.directory, ignore_errors=True)
     return ds
 
