@@ -50,8 +50,10 @@ def one_machine(mixture, tmp_path_factory):
     """The dataset precooked in one process (with the default 1 MB units: the unit size must
     not change a byte)."""
     ds = precook_dataset(mixture, str(tmp_path_factory.mktemp("one")), show_progress=False)
-    assert ds.manifest.curation.deduplicated.exact_duplicates == 5  # b's repeated lines
-    assert set(ds.manifest.sources) == {"a", "b"}
+    m = ds.manifest
+    assert m.curation is not None and m.sources is not None
+    assert m.curation.deduplicated.exact_duplicates == 5  # b's repeated lines
+    assert set(m.sources) == {"a", "b"}
     return tree(ds.path)
 
 
@@ -60,7 +62,7 @@ def test_four_processes_match_one_machine_and_a_killed_task_reruns_alone(
 ):
     job = tasks.prepare(mixture, str(tmp_path), 4, say)
     assert all(len(job.units_of(i)) >= 2 for i in range(4)), "every task must have work"
-    killed = []
+    killed: list[int] = []
 
     def kill_task_2_once(index, proc):
         if index == 2 and not killed:
