@@ -2,7 +2,8 @@
 
 A trainer runs as the launcher's user, so a path in a spec is a request to read or write with
 the launcher's rights. The rules (kitchen.v1.PathPolicy in protos/launcher.proto):
-1. Every path field (protos/paths.path_fields: each mixture source's input too) is absolute (`submit` makes them so).
+1. Every path field (protos/paths.path_fields: each mixture source's input too) is absolute
+   (`submit` makes them so).
 2. Symlinks are resolved first: a link in an allowed directory that points out is refused.
 3. Inside the launcher's state dir only `precook/` (the shared, content-addressed cache) and
    `runs/<id>/...` of a job of the same team are allowed: never the database, the tokens
