@@ -78,7 +78,7 @@ class Side:
         (loss / max(n, 1)).backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        value = float(loss)  # waits for the device
+        value = float(loss.detach())  # waits for the device
         if timed:
             self.seconds.append(time.perf_counter() - start)
             self.useful.append(n)
