@@ -19,6 +19,7 @@ from protos.validation import resolve_data
 from trainer.data import analyze as analyze_mod
 from trainer.data.errors import PrecookError
 from trainer.data.manifest import as_json
+from trainer.data.mixture import SINGLE
 from trainer.data.packing import STRATEGIES
 from trainer.data.precook import PrecookedDataset, precook_dataset, reporter
 from trainer.data.shards import SPLITS
@@ -162,14 +163,15 @@ def _summary(ds: PrecookedDataset) -> str:
             f"{s.rows:>8,} rows of {width}{m.seq_len} ({m.packing})  {fill:6.2f}% of "
             f"slots trained on  {s.truncated_tokens:,} tokens truncated"
         )
-    if m.curation is not None:
+    if m.curation is not None and m.curation.kept < m.curation.documents:
         c, f, d = m.curation, m.curation.filtered, m.curation.deduplicated
         lines.append(
             f"  curation: {c.documents:,} documents, {c.kept:,} kept; dropped {f.too_short:,} "
             f"short, {f.too_long:,} long, {f.low_alpha:,} low-alpha, {f.repeated_lines:,} "
             f"repetitive, {d.exact_duplicates:,} exact and {d.near_duplicates:,} near duplicates"
         )
-    for name, src in (m.sources or {}).items():
+    mixture = m.sources is not None and list(m.sources) != [SINGLE]
+    for name, src in (m.sources or {}).items() if mixture else ():
         lines.append(
             f"  source {name}: {src.selected_tokens:,} of {src.tokens:,} train tokens "
             f"({src.epochs:g} epochs)"

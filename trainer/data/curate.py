@@ -46,6 +46,18 @@ def identity(cfg: DataConfig) -> dict:
     }
 
 
+def active(cfg: DataConfig) -> bool:
+    """Whether any filter or dedup is on (a resolved DataConfig): worth a line of report."""
+    return bool(
+        cfg.dedup_exact
+        or cfg.near_dup_threshold > 0
+        or cfg.min_doc_tokens
+        or cfg.max_doc_tokens
+        or cfg.min_alpha_fraction > 0
+        or cfg.max_repeated_line_fraction < 1
+    )
+
+
 def select(cfg: DataConfig, tok_path: str, say: Say) -> Selection:
     """The documents of each split of the tokenized corpus at `tok_path` to pack."""
     load = lambda name: np.load(os.path.join(tok_path, name))
@@ -69,17 +81,18 @@ def select(cfg: DataConfig, tok_path: str, say: Say) -> Selection:
         kept=len(survivors),
     )
     f = filtered
-    say(
-        f"curation: {len(lengths):,} documents; filters dropped {f.too_short:,} short, "
-        f"{f.too_long:,} long, {f.low_alpha:,} low-alpha, {f.repeated_lines:,} repetitive; "
-        f"dedup dropped {exact_dups:,} exact and {near_dups:,} near duplicates; "
-        f"{len(survivors):,} kept"
-    )
+    if active(cfg):
+        say(
+            f"curation: {len(lengths):,} documents; filters dropped {f.too_short:,} short, "
+            f"{f.too_long:,} long, {f.low_alpha:,} low-alpha, {f.repeated_lines:,} repetitive; "
+            f"dedup dropped {exact_dups:,} exact and {near_dups:,} near duplicates; "
+            f"{len(survivors):,} kept"
+        )
     split_of = doc_split[survivors]
     train, stats = mixture.select_train(
         cfg, survivors[split_of == 0], load("doc_source.npy"), lengths
     )
-    for name, s in stats.items():
+    for name, s in stats.items() if cfg.sources else ():
         say(
             f"source {name}: {s.tokens:,} train tokens, {s.selected_tokens:,} taken "
             f"({s.epochs:g} epochs, {s.selected_documents:,} documents)"
