@@ -2,7 +2,8 @@
 
 A trainer runs as the launcher's user, so a path in a spec is a request to read or write with
 the launcher's rights. The rules (kitchen.v1.PathPolicy in protos/launcher.proto):
-1. Every path field (protos/paths.PATH_FIELDS) is absolute (`submit` makes them so).
+1. Every path field (protos/paths.path_fields: each mixture source's input too) is absolute
+   (`submit` makes them so).
 2. Symlinks are resolved first: a link in an allowed directory that points out is refused.
 3. Inside the launcher's state dir only `precook/` (the shared, content-addressed cache) and
    `runs/<id>/...` of a job of the same team are allowed: never the database, the tokens
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError
-from protos.paths import PATH_FIELDS
+from protos.paths import path_fields
 
 
 def _inside(path: str, root: str) -> bool:
@@ -39,11 +40,11 @@ def check(
     state = os.path.realpath(cfg.state_dir)
     roots = [_expand(r, spec) for r in cfg.paths.allowed_roots]
     anything = not roots and not cfg.tokens_file
-    for section, name in PATH_FIELDS:
-        value = getattr(getattr(spec.trainer, section), name)
+    for where, message, name in path_fields(spec.trainer):
+        value = getattr(message, name)
         if not value:
             continue
-        field = f"trainer.{section}.{name}"
+        field = f"trainer.{where}"
         if not os.path.isabs(value):
             raise ConfigError(field, f"{value!r} is relative: give an absolute path")
         real = os.path.realpath(value)

@@ -79,3 +79,14 @@ def test_state_dir_shares_the_cache_and_the_teams_own_runs_only(tree):
 
 def test_relative_paths_are_refused(tree):
     assert "is relative" in refused(spec(data__input="data/x"), config(tree))
+
+
+def test_every_mixture_source_input_is_checked_like_data_input(tree):
+    cfg = config(tree, roots=[str(tree / "data" / "{team}")], auth=True)
+    s = spec()
+    s.trainer.data.sources.add(name="ok", input=str(tree / "data" / "vision"))
+    s.trainer.data.sources.add(name="bad", input=str(tree / "etc" / "shadow"))
+    message = refused(s, cfg)
+    assert message.startswith("trainer.data.sources[1].input: ") and "outside" in message
+    s.trainer.data.sources[1].input = "etc"
+    assert "is relative" in refused(s, cfg)

@@ -70,6 +70,13 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "workers": Field(None, 1, 1024),
         "eval_fraction": Field(0.02, 0, 1, high_open=True),
         "max_documents": Field(0, 0, INT32_MAX),
+        "mixture_seed": Field(1234, 0, INT64_MAX),
+        "dedup_exact": Field(False),
+        "near_dup_threshold": Field(0.0, 0, 1),
+        "min_doc_tokens": Field(0, 0, INT32_MAX),
+        "max_doc_tokens": Field(0, 0, INT32_MAX),
+        "min_alpha_fraction": Field(0.0, 0, 1),
+        "max_repeated_line_fraction": Field(1.0, 0, 1),
     },
     "model": {
         "dim": Field(256, 2, 1 << 16),

@@ -14,6 +14,8 @@
 """
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
 # (section, field) of kitchen.v1.TrainerConfig that hold a file system path.
 PATH_FIELDS: tuple[tuple[str, str], ...] = (
@@ -26,6 +28,8 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
     ("rl", "reference_path"),
     ("rl", "reward_path"),
 )
+# (section, repeated message field, path field in each item): every mixture source's input.
+REPEATED_PATH_FIELDS: tuple[tuple[str, str, str], ...] = (("data", "sources", "input"),)
 STATE_DIR_ENV = "KITCHEN_STATE_DIR"
 
 
@@ -63,8 +67,17 @@ def run_dir_for(state: str, name: str) -> str:
     return os.path.join(runs_dir(state), name)
 
 
+def path_fields(trainer_cfg) -> Iterator[tuple[str, Any, str]]:
+    """(dotted name, message, field) of every path of a kitchen.v1.TrainerConfig: PATH_FIELDS
+    and the path field of each item of REPEATED_PATH_FIELDS (`data.sources[1].input`)."""
+    for section, field in PATH_FIELDS:
+        yield f"{section}.{field}", getattr(trainer_cfg, section), field
+    for section, repeated, field in REPEATED_PATH_FIELDS:
+        for i, item in enumerate(getattr(getattr(trainer_cfg, section), repeated)):
+            yield f"{section}.{repeated}[{i}].{field}", item, field
+
+
 def absolute_paths(trainer_cfg) -> None:
     """Make the path fields of `trainer_cfg` (a kitchen.v1.TrainerConfig) absolute, in place."""
-    for section, field in PATH_FIELDS:
-        message = getattr(trainer_cfg, section)
+    for _, message, field in path_fields(trainer_cfg):
         setattr(message, field, user_path(getattr(message, field)))

@@ -199,6 +199,40 @@ def validate_data(d: trainer_config_pb2.DataConfig, path: str = "trainer.data") 
             f"{path}.response_field",
             f"is the same field as prompt_field ({d.prompt_field!r})",
         )
+    _validate_curation(d, path)
+
+
+def _validate_curation(d: trainer_config_pb2.DataConfig, path: str) -> None:
+    """#21: the mixture's sources and the filters (trainer/data/mixture.py, filters.py)."""
+    _check(
+        d.max_doc_tokens == 0 or d.max_doc_tokens >= d.min_doc_tokens,
+        f"{path}.max_doc_tokens",
+        f"{d.max_doc_tokens} is below min_doc_tokens ({d.min_doc_tokens}); 0 means no limit",
+    )
+    if not d.sources:
+        return
+    _check(not d.input, f"{path}.input", "must be empty when sources are given")
+    names: set[str] = set()
+    chat = d.format == trainer_config_pb2.JSONL_CHAT
+    for i, src in enumerate(d.sources):
+        at = f"{path}.sources[{i}]"
+        _check(bool(NAME.fullmatch(src.name)), f"{at}.name", f"{src.name!r}: {NAME_RULE}")
+        _check(src.name not in names, f"{at}.name", f"{src.name!r} names two sources")
+        names.add(src.name)
+        _check(bool(src.input), f"{at}.input", "is required")
+        _check(src.weight >= 0, f"{at}.weight", f"{src.weight} is negative")
+        _check(src.token_budget >= 0, f"{at}.token_budget", f"{src.token_budget} is negative")
+        _check(
+            not (src.weight and src.token_budget),
+            f"{at}.token_budget",
+            "give a weight or a token budget, not both",
+        )
+        fmt = src.format or d.format
+        _check(
+            (fmt == trainer_config_pb2.JSONL_CHAT) == chat,
+            f"{at}.format",
+            "JSONL_CHAT sources mix only with each other (data.format JSONL_CHAT)",
+        )
 
 
 def validate_trainer(

@@ -237,3 +237,36 @@ def test_expert_parallel_over_all_processes_by_default():
     cfg = trainer_config_pb2.TrainerConfig()
     cfg.model.moe_experts, cfg.train.parallelism = 8, trainer_config_pb2.EXPERT
     assert resolve_trainer(cfg, world_size=4).train.expert_parallel == 0  # 0 = all of them
+
+
+@pytest.mark.parametrize(
+    "sources, extra, field, problem",
+    [
+        ([{"name": "a", "input": "x"}], {"input": "y"}, "data.input", "must be empty"),
+        ([{"name": "a b", "input": "x"}], {}, "data.sources[0].name", "use letters"),
+        ([{"name": "a", "input": "x"}] * 2, {}, "data.sources[1].name", "names two sources"),
+        ([{"name": "a"}], {}, "data.sources[0].input", "is required"),
+        ([{"name": "a", "input": "x", "weight": -1}], {}, "data.sources[0].weight", "negative"),
+        (
+            [{"name": "a", "input": "x", "weight": 1, "token_budget": 5}],
+            {},
+            "data.sources[0].token_budget",
+            "not both",
+        ),
+        (
+            [{"name": "a", "input": "x", "format": trainer_config_pb2.JSONL_CHAT}],
+            {},
+            "data.sources[0].format",
+            "JSONL_CHAT sources mix only with each other",
+        ),
+        ([], {"min_doc_tokens": 9, "max_doc_tokens": 8}, "data.max_doc_tokens", "below"),
+        ([], {"near_dup_threshold": 1.5}, "data.near_dup_threshold", "not in [0, 1]"),
+    ],
+)
+def test_mixture_sources_and_filters_name_the_field_at_fault(sources, extra, field, problem):
+    data = trainer_config_pb2.DataConfig(**extra)
+    for s in sources:
+        data.sources.add(**s)
+    with pytest.raises(ConfigError) as err:
+        resolve_data(data)
+    assert err.value.field == field and problem in err.value.problem, err.value

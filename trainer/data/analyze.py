@@ -21,10 +21,9 @@ import os
 import numpy as np
 
 from protos import files
-from protos.enums import enum_name
 from protos.trainer_config_pb2 import DataConfig
 from trainer.data import packing
-from trainer.data.corpus import plan_corpus
+from trainer.data.mixture import plan_sources
 from trainer.data.progress import Say
 from trainer.data.tokenized import tokenize_corpus
 
@@ -189,7 +188,7 @@ def analyze(
     """The report `precook analyze` prints, for a resolved DataConfig."""
     from trainer.data.cache import Cache
 
-    plan = plan_corpus(cfg, enum_name(cfg, "format"))
+    plan = plan_sources(cfg)
     path, found, hit = tokenize_corpus(cfg, plan, Cache(cache_dir), show_progress, say)
     if hit:
         say(f"tokenized corpus found in the cache: {path}")

@@ -19,9 +19,11 @@ from protos.validation import resolve_data
 from trainer.data import analyze as analyze_mod
 from trainer.data.errors import PrecookError
 from trainer.data.manifest import as_json
+from trainer.data.mixture import SINGLE
 from trainer.data.packing import STRATEGIES
 from trainer.data.precook import PrecookedDataset, precook_dataset, reporter
 from trainer.data.shards import SPLITS
+from trainer.data.tasks import TaskExecutor
 
 FORMATS = ("text_files", "jsonl", "jsonl_chat")
 TOKENIZERS = ("bpe_train", "bpe_file", "cl100k")
@@ -41,6 +43,20 @@ def _add_corpus_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-fraction", type=float, help="documents held out (default 0.02)")
     p.add_argument("--max-documents", type=int, help="use the first N documents (0 = all)")
     p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="NAME=INPUT[,format=F][,text_field=X][,weight=W|,token_budget=N]",
+        help="a mixture source (repeat the flag; replaces --input)",
+    )
+    p.add_argument("--mixture-seed", type=int, help="default 1234")
+    p.add_argument("--dedup-exact", action="store_true", help="drop exact duplicates")
+    p.add_argument("--near-dup-threshold", type=float, help="MinHash-LSH Jaccard (0 = off)")
+    p.add_argument("--min-doc-tokens", type=int, help="drop shorter documents")
+    p.add_argument("--max-doc-tokens", type=int, help="drop longer documents (0 = no limit)")
+    p.add_argument("--min-alpha-fraction", type=float, help="drop documents with fewer letters")
+    p.add_argument("--max-repeated-line-fraction", type=float, help="drop repetitive documents")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -51,6 +67,11 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--seq-len", type=int, help="tokens per row (default 256)")
     build.add_argument("--packing", choices=STRATEGIES, help="default best_fit")
     build.add_argument("--shard-tokens", type=int, help="tokens per shard (default 16Mi)")
+    build.add_argument("--tasks", type=int, default=1, help="precook as N tasks (tasks.py)")
+    build.add_argument(
+        "--executor", choices=[e.value for e in TaskExecutor], default="local", help="for --tasks"
+    )
+    build.add_argument("--slurm-partition", default="", help="--executor slurm: the partition")
     analyze = sub.add_parser("analyze", help="padding waste and efficiency of every strategy")
     _add_corpus_flags(analyze)
     analyze.add_argument("--seq-len", default="2048,4096,8192", help="comma-separated lengths")
@@ -68,6 +89,13 @@ def data_config(args):
     for field in ("text_field", "prompt_field", "response_field", "vocab_size", "workers"):
         if getattr(args, field) is not None:
             setattr(cfg, field, getattr(args, field))
+    for field in CURATION_FLAGS:
+        if getattr(args, field, None) is not None:
+            setattr(cfg, field, getattr(args, field))
+    if args.dedup_exact:
+        cfg.dedup_exact = True
+    for i, spec in enumerate(args.source):
+        _add_source(cfg, spec, f"data.sources[{i}]")
     for field in ("eval_fraction", "max_documents", "shard_tokens"):
         if getattr(args, field, None) is not None:
             setattr(cfg, field, getattr(args, field))
@@ -80,6 +108,37 @@ def data_config(args):
         if section == "data":
             setattr(cfg, field, user_path(getattr(cfg, field)))
     return cfg
+
+
+CURATION_FLAGS = (
+    "mixture_seed",
+    "near_dup_threshold",
+    "min_doc_tokens",
+    "max_doc_tokens",
+    "min_alpha_fraction",
+    "max_repeated_line_fraction",
+)
+SOURCE_KEYS = {"format": str, "text_field": str, "weight": float, "token_budget": int}
+
+
+def _add_source(cfg, spec: str, path: str) -> None:
+    """`--source name=input,key=value,...` as a DataSource."""
+    head, *options = spec.split(",")
+    name, eq, source_input = head.partition("=")
+    if not eq or not name or not source_input:
+        raise ConfigError(f"{path}.name", f"{spec!r}: expected NAME=INPUT[,key=value...]")
+    src = cfg.sources.add(name=name, input=user_path(source_input))
+    for option in options:
+        key, eq, value = option.partition("=")
+        if not eq or key not in SOURCE_KEYS:
+            raise ConfigError(f"{path}.{key}", f"{option!r}: keys are {', '.join(SOURCE_KEYS)}")
+        if key == "format":
+            src.format = enum_value(src, "format", value, f"{path}.format")
+            continue
+        try:
+            setattr(src, key, SOURCE_KEYS[key](value))
+        except ValueError:
+            raise ConfigError(f"{path}.{key}", f"{value!r} is not a number") from None
 
 
 def _seq_lens(text: str) -> list[int]:
@@ -104,9 +163,36 @@ def _summary(ds: PrecookedDataset) -> str:
             f"{s.rows:>8,} rows of {width}{m.seq_len} ({m.packing})  {fill:6.2f}% of "
             f"slots trained on  {s.truncated_tokens:,} tokens truncated"
         )
+    if m.curation is not None and m.curation.kept < m.curation.documents:
+        c, f, d = m.curation, m.curation.filtered, m.curation.deduplicated
+        lines.append(
+            f"  curation: {c.documents:,} documents, {c.kept:,} kept; dropped {f.too_short:,} "
+            f"short, {f.too_long:,} long, {f.low_alpha:,} low-alpha, {f.repeated_lines:,} "
+            f"repetitive, {d.exact_duplicates:,} exact and {d.near_duplicates:,} near duplicates"
+        )
+    mixture = m.sources is not None and list(m.sources) != [SINGLE]
+    for name, src in (m.sources or {}).items() if mixture else ():
+        lines.append(
+            f"  source {name}: {src.selected_tokens:,} of {src.tokens:,} train tokens "
+            f"({src.epochs:g} epochs)"
+        )
     t = m.tokenizer
     lines.append(f"  tokenizer: {t.kind}, {t.vocab_size:,} ids, shards {m.token_dtype}")
     return "\n".join(lines)
+
+
+def _distributed(args, cfg, cache_dir: str, say) -> PrecookedDataset:
+    from protos.launcher_pb2 import SlurmPoolConfig
+    from trainer.data import tasks
+    from trainer.data.slurm_tasks import run_slurm
+
+    job = tasks.prepare(cfg, cache_dir, args.tasks, say)
+    if TaskExecutor(args.executor) == TaskExecutor.SLURM:
+        attempts = run_slurm(job, SlurmPoolConfig(partition=args.slurm_partition))
+    else:
+        attempts = tasks.run_local(job)
+    say(f"tasks done (attempts per task: {attempts}); merging")
+    return tasks.merge(job, cache_dir, say, show_progress=not args.json)
 
 
 def main(argv=None) -> int:
@@ -116,7 +202,10 @@ def main(argv=None) -> int:
         cfg = data_config(args)
         cache_dir = precook_cache_dir(cfg)
         if args.command == "build":
-            ds = precook_dataset(cfg, cache_dir, show_progress=not args.json)
+            if args.tasks > 1:
+                ds = _distributed(args, cfg, cache_dir, say)
+            else:
+                ds = precook_dataset(cfg, cache_dir, show_progress=not args.json)
             if args.json:
                 manifest_json = as_json(ds.manifest)
                 out = {"path": ds.path, "cache_hit": ds.cache_hit, "manifest": manifest_json}
@@ -132,6 +221,8 @@ def main(argv=None) -> int:
         return 0
     except ConfigError as err:  # every field is a flag: name both
         flag = "--" + err.field.removeprefix("data.").replace("_", "-")
+        if err.field.startswith("data.sources"):
+            flag = "--source"
         print(f"precook: error: {flag} ({err.field}): {err.problem}", file=sys.stderr)
         return 2
     except PrecookError as err:

@@ -43,6 +43,7 @@ class WorkUnit:
     start: int = 0
     end: int = 0
     first_line: int = 1
+    source: int = 0  # index into CorpusPlan.sources: whose format and fields read it
 
 
 @dataclass
@@ -56,10 +57,23 @@ class CorpusPlan:
     # The stdlib holds a few deliberately mis-encoded test fixtures: skipped there, an error
     # everywhere else.
     skip_invalid_utf8: bool = False
+    sources: list = field(default_factory=list)  # [SourceReader], one per mixture source
+
+    def reader(self, unit: WorkUnit) -> "SourceReader":
+        return self.sources[unit.source]
 
     @property
     def bytes(self) -> int:
         return sum(f.size for f in self.files)
+
+
+@dataclass(frozen=True)
+class SourceReader:
+    """How to read the units of one source: its name, resolved DataConfig and format."""
+
+    name: str
+    cfg: DataConfig
+    fmt: str
 
 
 @dataclass(frozen=True)
@@ -184,6 +198,7 @@ def plan_corpus(cfg: DataConfig, fmt: str) -> CorpusPlan:
     """List, hash and cut the corpus of a defaulted DataConfig into work units."""
     description, root, paths, is_stdlib = resolve_input(cfg.input, fmt)
     plan = CorpusPlan(description, root, fmt, skip_invalid_utf8=is_stdlib)
+    plan.sources = [SourceReader("input", cfg, fmt)]
     if fmt == "TEXT_FILES":
         _plan_text_files(plan, paths, cfg.max_documents)
     else:

@@ -17,6 +17,8 @@ from typing import Any, ClassVar, TypeVar
 
 from protos import files
 from protos.files import FileDigest
+from trainer.data.curate import Curation
+from trainer.data.mixture import SourceStats
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -81,6 +83,8 @@ class TokenizedManifest:
     documents: DocumentCounts
     tokens: TokenCounts
     files: dict[str, FileDigest]  # every other file, by path relative to the directory
+    # the mixture's sources in order (doc_source.npy indexes this); None: written before #21
+    sources: list[str] | None = field(default=None, metadata=_OMIT_IF_NONE)
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,9 @@ class DatasetManifest:
     splits: dict[str, SplitStats]  # "train", "eval"
     counts: Counts
     files: dict[str, FileDigest]
+    # #21: what filters and dedup dropped, and the train tokens of each source
+    curation: Curation | None = field(default=None, metadata=_OMIT_IF_NONE)
+    sources: dict[str, SourceStats] | None = field(default=None, metadata=_OMIT_IF_NONE)
 
 
 Manifest = TokenizedManifest | DatasetManifest

@@ -18,8 +18,7 @@ from protos.files import FileDigest
 from protos.trainer_config_pb2 import DataConfig
 from protos.validation import resolve_data
 from trainer.data import cache as cache_mod
-from trainer.data import manifest, packing, shards, tokenized
-from trainer.data.corpus import plan_corpus
+from trainer.data import curate, manifest, packing, shards, tokenized
 from trainer.data.errors import DataConfigError
 from trainer.data.manifest import (
     Counts,
@@ -28,6 +27,7 @@ from trainer.data.manifest import (
     SplitStats,
     TokenizedManifest,
 )
+from trainer.data.mixture import plan_sources
 from trainer.data.progress import Say, human
 from trainer.data.tokenizer import Tokenizer, from_section
 
@@ -59,6 +59,7 @@ def dataset_key(cfg: DataConfig, tokenized_key: str) -> str:
             "seq_len": cfg.seq_len,
             "packing": enum_name(cfg, "packing"),
             "shard_tokens": cfg.shard_tokens,
+            "curation": curate.identity(cfg),
         }
     )
 
@@ -78,7 +79,6 @@ def _build_dataset(
     dtype = np.dtype(tok_manifest.token_dtype)
     doc_tokens = np.memmap(os.path.join(tok_path, "tokens.bin"), dtype=dtype, mode="r")
     offsets = np.load(os.path.join(tok_path, "doc_offsets.npy"))
-    doc_split = np.load(os.path.join(tok_path, "doc_split.npy"))
     chat = tok_manifest.loss_mask
     mask = None
     if chat:
@@ -86,8 +86,8 @@ def _build_dataset(
     lengths = np.diff(offsets)
     written: dict[str, FileDigest] = {}
     splits: dict[str, SplitStats] = {}
-    for split_id, split in enumerate(shards.SPLITS):
-        docs = np.flatnonzero(doc_split == split_id)
+    chosen = curate.select(cfg, tok_path, say)
+    for split, docs in zip(shards.SPLITS, (chosen.train, chosen.eval), strict=True):
         start = time.perf_counter()
         plan = packing.pack(strategy, lengths[docs], cfg.seq_len)
         pack_s = time.perf_counter() - start
@@ -152,6 +152,8 @@ def _build_dataset(
             truncated_tokens=sum(s.truncated_tokens for s in parts),
         ),
         files=written,
+        curation=chosen.curation,
+        sources=chosen.sources,
     )
     manifest.write_manifest(tmp, body)
     return manifest.read_manifest(tmp, DatasetManifest)  # as a cache hit would read it
@@ -171,7 +173,7 @@ def precook_dataset(
     if not cache_dir:
         raise DataConfigError("cache_dir", "no directory to precook into")
     start = time.perf_counter()
-    plan = plan_corpus(cfg, enum_name(cfg, "format"))
+    plan = plan_sources(cfg)
     cache = cache_mod.Cache(cache_dir)
     tok_key = tokenized.tokenized_key(cfg, plan)
     key = dataset_key(cfg, tok_key)

@@ -9,17 +9,23 @@ at most two units per worker in flight, so memory stays bounded whatever the cor
     doc_offsets.npy  int64 (documents + 1,): document d is tokens[offsets[d] : offsets[d + 1]]
     doc_split.npy    uint8: 0 = train, 1 = eval
     doc_record.npy   int64: the record (file, or non-blank JSONL line) each document came from
+    doc_source.npy   int32: the mixture source of each document (mixture.py)
+    doc_alpha.npy, doc_line_repeat.npy   float32 features the filters read (filters.py)
+    doc_exact.npy    uint64: the hash of each document's normalized text (dedup.py)
+    doc_minhash.bin  uint32 (documents, NUM_PERM) MinHash signatures, when near-dup dedup is on
 """
 
 import collections
 import concurrent.futures
 import contextlib
+import dataclasses
 import itertools
 import multiprocessing
 import os
 import time
 from array import array
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,8 +36,8 @@ from protos.enums import enum_name
 from protos.files import FileDigest
 from protos.trainer_config_pb2 import DataConfig
 from trainer.data import cache as cache_mod
-from trainer.data import manifest, tokenizer
-from trainer.data.corpus import CorpusPlan, input_hashes, read_unit
+from trainer.data import dedup, filters, manifest, tokenizer
+from trainer.data.corpus import CorpusPlan, SourceReader, input_hashes, read_unit
 from trainer.data.errors import CorpusError, DataConfigError
 from trainer.data.files import write_npy
 from trainer.data.manifest import (
@@ -43,6 +49,13 @@ from trainer.data.manifest import (
 )
 from trainer.data.progress import Progress, Say
 
+SIGNATURES = dedup.SIGNATURES
+FEATURE_FILES = {  # file -> DocFeatures attribute
+    "doc_source.npy": "source",
+    "doc_alpha.npy": "alpha",
+    "doc_line_repeat.npy": "line_repeat",
+    "doc_exact.npy": "exact",
+}
 _worker: dict[str, Any] = {}  # per-process state of a tokenizing worker
 FIELDS: dict[str, Callable[[DataConfig], dict[str, str]]] = {  # part of the cache key
     "TEXT_FILES": lambda cfg: {},
@@ -83,11 +96,29 @@ def tokenizer_identity(cfg: DataConfig) -> dict[str, Any]:
         raise DataConfigError("tokenizer_path", f"{path}: cannot read: {err.strerror}") from None
 
 
+@dataclass(frozen=True)
+class DocFeatures:
+    """What filters, dedup and the mixture need of each document of a unit (no text)."""
+
+    source: np.ndarray  # int32
+    alpha: np.ndarray  # float32
+    line_repeat: np.ndarray  # float32
+    exact: np.ndarray  # uint64
+    minhash: np.ndarray | None  # uint32 (documents, dedup.NUM_PERM), when near-dup is on
+
+
 def _load_worker(
-    section: TokenizerSection, directory: str, cfg: DataConfig, fmt: str, skip_invalid_utf8: bool
+    section: TokenizerSection,
+    directory: str,
+    sources: list[SourceReader],
+    near: bool,
+    skip_invalid_utf8: bool,
 ) -> None:
     _worker.update(
-        tok=tokenizer.from_section(section, directory), cfg=cfg, fmt=fmt, skip=skip_invalid_utf8
+        tok=tokenizer.from_section(section, directory),
+        sources=sources,
+        near=near,
+        skip=skip_invalid_utf8,
     )
 
 
@@ -121,8 +152,9 @@ def _layout(tok, bodies: list, response_from: list | None):
 
 def tokenize_unit(unit):
     """Tokenize one work unit: (record of each document, lengths, tokens, loss mask or None,
-    sources skipped as not UTF-8, number of empty documents skipped)."""
-    tok, cfg, fmt = _worker["tok"], _worker["cfg"], _worker["fmt"]
+    sources skipped as not UTF-8, number of empty documents skipped, DocFeatures)."""
+    tok, reader = _worker["tok"], _worker["sources"][unit.source]
+    cfg, fmt = reader.cfg, reader.fmt
     records = list(read_unit(unit, cfg, fmt, _worker["skip"]))
     skipped = [r.source for r in records if fmt == "TEXT_FILES" and r.text is None]
     if fmt == "JSONL_CHAT":
@@ -131,11 +163,18 @@ def tokenize_unit(unit):
         responses = tok.encode_batch([r.response for r in kept])
         bodies = [p + r for p, r in zip(prompts, responses, strict=True)]
         tokens, lengths, mask = _layout(tok, bodies, [len(p) for p in prompts])
+        texts = [f"{r.prompt}\n{r.response}" for r in kept]
     else:
         kept = [r for r in records if r.text is not None and r.text.strip()]
         tokens, lengths, mask = _layout(tok, tok.encode_batch([r.text for r in kept]), None)
+        texts = [r.text for r in kept if r.text is not None]
     index = np.array([r.index for r in kept], dtype=np.int64)
-    return index, lengths, tokens, mask, skipped, len(records) - len(kept) - len(skipped)
+    alpha, repeat = filters.text_features(texts)
+    exact, sigs = dedup.signatures(texts, _worker["near"])
+    source = np.full(len(kept), unit.source, dtype=np.int32)
+    features = DocFeatures(source, alpha, repeat, exact, sigs)
+    n_empty = len(records) - len(kept) - len(skipped)
+    return index, lengths, tokens, mask, skipped, n_empty, features
 
 
 def _results(plan: CorpusPlan, workers: int, init_args: tuple):
@@ -167,9 +206,11 @@ def _results(plan: CorpusPlan, workers: int, init_args: tuple):
                 future.cancel()
 
 
-def _train_texts(plan: CorpusPlan, cfg: DataConfig, fmt: str, n_eval: int) -> Iterator[str]:
+def _train_texts(plan: CorpusPlan, n_eval: int) -> Iterator[str]:
     for unit in plan.units:
-        for r in read_unit(unit, cfg, fmt, plan.skip_invalid_utf8):
+        reader = plan.reader(unit)
+        fmt = reader.fmt
+        for r in read_unit(unit, reader.cfg, fmt, plan.skip_invalid_utf8):
             if is_eval(r.index, plan.records, n_eval):
                 continue
             if fmt == "JSONL_CHAT":
@@ -179,9 +220,9 @@ def _train_texts(plan: CorpusPlan, cfg: DataConfig, fmt: str, n_eval: int) -> It
                 yield r.text
 
 
-def _make_tokenizer(
-    cfg: DataConfig, plan: CorpusPlan, fmt: str, n_eval: int, say: Say
-) -> tokenizer.Tokenizer:
+def make_tokenizer(cfg: DataConfig, plan: CorpusPlan, say: Say) -> tokenizer.Tokenizer:
+    """The tokenizer of a resolved DataConfig: loaded, or trained on the train split."""
+    n_eval = eval_count(plan.records, cfg.eval_fraction)
     kind = enum_name(cfg, "tokenizer")
     if kind == "BPE_FILE":
         return tokenizer.from_tokenizer_json(cfg.tokenizer_path)
@@ -189,7 +230,7 @@ def _make_tokenizer(
         return tokenizer.cl100k()
     say(f"training a byte-level BPE tokenizer (vocab {cfg.vocab_size:,}) on the train split")
     start = time.perf_counter()
-    tok = tokenizer.train_bpe(_train_texts(plan, cfg, fmt, n_eval), cfg.vocab_size)
+    tok = tokenizer.train_bpe(_train_texts(plan, n_eval), cfg.vocab_size)
     say(f"BPE trained in {time.perf_counter() - start:.1f} s")
     if tok.vocab_size < cfg.vocab_size:
         say(
@@ -199,30 +240,53 @@ def _make_tokenizer(
     return tok
 
 
+def worker_args(cfg: DataConfig, plan: CorpusPlan, section: TokenizerSection, directory: str):
+    """What a tokenizing worker is started with (the tokenizer saved in `directory`)."""
+    near = cfg.near_dup_threshold > 0
+    return (section, directory, plan.sources, near, plan.skip_invalid_utf8)
+
+
 def _build(
-    tmp: str, cfg: DataConfig, plan: CorpusPlan, key: str, show_progress: bool, say: Say
+    tmp: str,
+    cfg: DataConfig,
+    plan: CorpusPlan,
+    key: str,
+    show_progress: bool,
+    say: Say,
+    tok: tokenizer.Tokenizer | None = None,
+    results: Iterator | None = None,
 ) -> TokenizedManifest:
+    """Tokenize into `tmp`: in worker processes, or from `results` (tokenize_unit's output for
+    every unit in corpus order) made elsewhere with `tok` (tasks.py)."""
     fmt = plan.fmt
     n_eval = eval_count(plan.records, cfg.eval_fraction)
-    tok = _make_tokenizer(cfg, plan, fmt, n_eval, say)
+    if tok is None:
+        tok = make_tokenizer(cfg, plan, say)
     section = tok.save(tmp)
     chat = fmt == "JSONL_CHAT"
     offsets, records = array("q", [0]), array("q")
     skipped, empty = [], 0
+    features: list[DocFeatures] = []
     bar = Progress("tokenize", plan.records, enabled=show_progress)
-    init = (section, tmp, cfg, fmt, plan.skip_invalid_utf8)
+    if results is None:
+        results = _results(plan, cfg.workers, worker_args(cfg, plan, section, tmp))
+    near = cfg.near_dup_threshold > 0
     mask_file = open(os.path.join(tmp, "loss_mask.bin"), "wb") if chat else contextlib.nullcontext()
-    with open(os.path.join(tmp, "tokens.bin"), "wb") as out, mask_file as masks:
-        for index, lengths, tokens, mask, skip, n_empty in _results(plan, cfg.workers, init):
+    sig_file = open(os.path.join(tmp, SIGNATURES), "wb") if near else contextlib.nullcontext()
+    with open(os.path.join(tmp, "tokens.bin"), "wb") as out, mask_file as masks, sig_file as sig:
+        for index, lengths, tokens, mask, skip, n_empty, feats in results:
             out.write(tokens.tobytes())
             if masks is not None:
                 masks.write(mask.tobytes())
+            if sig is not None and feats.minhash is not None:
+                sig.write(feats.minhash.tobytes())
+            features.append(dataclasses.replace(feats, minhash=None))
             offsets.extend((offsets[-1] + np.cumsum(lengths)).tolist())
             records.extend(index.tolist())
             skipped += skip
             empty += n_empty
             bar.update(len(index) + len(skip) + n_empty, len(tokens))
-        for f in (out, masks):
+        for f in (out, masks, sig):
             if f is not None:
                 f.flush()
                 os.fsync(f.fileno())
@@ -239,11 +303,15 @@ def _build(
     sizes = {"tokens.bin": int(offsets_np[-1]) * np.dtype(tok.token_dtype).itemsize}
     if chat:
         sizes["loss_mask.bin"] = int(offsets_np[-1])
+    if near:
+        sizes[SIGNATURES] = len(record) * dedup.NUM_PERM * 4
     listed = {
         name: FileDigest(size, files.sha256_file(os.path.join(tmp, name)))
         for name, size in sizes.items()
     }
     index = {"doc_offsets.npy": offsets_np, "doc_split.npy": split, "doc_record.npy": record}
+    for name, attr in FEATURE_FILES.items():
+        index[name] = np.concatenate([getattr(f, attr) for f in features])
     for name, arr in index.items():
         listed[name] = write_npy(os.path.join(tmp, name), arr)
     tok_file = os.path.join(tmp, section.file)
@@ -273,6 +341,7 @@ def _build(
             eval=int(doc_tokens[split == 1].sum()),
         ),
         files=listed,
+        sources=[r.name for r in plan.sources],
     )
     manifest.write_manifest(tmp, body)
     return manifest.read_manifest(tmp, TokenizedManifest)  # as a cache hit would read it
@@ -290,8 +359,15 @@ def tokenized_key(cfg: DataConfig, plan: CorpusPlan) -> str:
         "tokenizer": tokenizer_identity(cfg),
         "skip_invalid_utf8": plan.skip_invalid_utf8,
         "inputs": input_hashes(plan),
+        "sources": [(r.name, r.fmt, FIELDS[r.fmt](r.cfg)) for r in plan.sources],
+        "signatures": {"version": dedup.DEDUP_VERSION, "minhash": cfg.near_dup_threshold > 0},
     }
     return cache_mod.key_of(parts)
+
+
+def entry_name(cfg: DataConfig, key: str) -> str:
+    """The cache entry's directory name of a tokenized corpus."""
+    return f"{enum_name(cfg, 'tokenizer').lower()}-{key[:16]}"
 
 
 def tokenize_corpus(
@@ -299,6 +375,5 @@ def tokenize_corpus(
 ) -> tuple[str, TokenizedManifest, bool]:
     """(path, manifest, hit) of the tokenized corpus of a resolved DataConfig."""
     key = tokenized_key(cfg, plan)
-    name = f"{enum_name(cfg, 'tokenizer').lower()}-{key[:16]}"
     build = lambda tmp: _build(tmp, cfg, plan, key, show_progress, say)
-    return cache.get_or_build(TokenizedManifest, name, key, build, say)
+    return cache.get_or_build(TokenizedManifest, entry_name(cfg, key), key, build, say)

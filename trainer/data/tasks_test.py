@@ -1,0 +1,119 @@
+"""Distributed precook (tasks.py): 4 task processes, and 4 tasks of a Slurm array job on a real
+one-node Slurm, write the same bytes as one machine; a killed task (local) or a failed array
+task (Slurm) runs again alone, and finished tasks are not redone."""
+
+import os
+import signal
+
+import pytest
+
+from launcher.executors.slurm_cluster import MISSING, one_node_cluster
+from protos import launcher_pb2, trainer_config_pb2
+from trainer.data import corpus, tasks, testdata
+from trainer.data.precook import precook_dataset, reporter
+from trainer.data.slurm_tasks import run_slurm
+
+say = reporter(False)
+
+
+@pytest.fixture(scope="module")
+def mixture(tmp_path_factory):
+    """A two-source mixture (text files, JSONL) with filters and both dedups on."""
+    root = tmp_path_factory.mktemp("mix")
+    testdata.write_text_corpus(str(root / "a"), n=60, seed=0)
+    texts = testdata.write_text_corpus(str(root / "b-texts"), n=40, seed=5)
+    testdata.write_jsonl(str(root / "b.jsonl"), [{"body": t} for t in texts + texts[:5]])
+    cfg = testdata.data_config(dedup_exact=True, near_dup_threshold=0.8, min_doc_tokens=8)
+    cfg.sources.add(name="a", input=str(root / "a"), weight=3)
+    cfg.sources.add(name="b", input=str(root / "b.jsonl"), format=trainer_config_pb2.JSONL,
+                    text_field="body", token_budget=4000)  # fmt: skip
+    return cfg
+
+
+@pytest.fixture(autouse=True)
+def small_units(monkeypatch):
+    """Units of ~4 kB (not 1 MB), so that each of 4 tasks gets several."""
+    monkeypatch.setattr(corpus, "UNIT_BYTES", 4096)
+
+
+def tree(path: str) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _, names in os.walk(path):
+        for n in names:
+            full = os.path.join(dirpath, n)
+            with open(full, "rb") as f:
+                out[os.path.relpath(full, path)] = f.read()
+    return out
+
+
+@pytest.fixture(scope="module")
+def one_machine(mixture, tmp_path_factory):
+    """The dataset precooked in one process (with the default 1 MB units: the unit size must
+    not change a byte)."""
+    ds = precook_dataset(mixture, str(tmp_path_factory.mktemp("one")), show_progress=False)
+    m = ds.manifest
+    assert m.curation is not None and m.sources is not None
+    assert m.curation.deduplicated.exact_duplicates == 5  # b's repeated lines
+    assert set(m.sources) == {"a", "b"}
+    return tree(ds.path)
+
+
+def test_four_processes_match_one_machine_and_a_killed_task_reruns_alone(
+    mixture, one_machine, tmp_path
+):
+    job = tasks.prepare(mixture, str(tmp_path), 4, say)
+    assert all(len(job.units_of(i)) >= 2 for i in range(4)), "every task must have work"
+    killed: list[int] = []
+
+    def kill_task_2_once(index, proc):
+        if index == 2 and not killed:
+            proc.send_signal(signal.SIGKILL)  # a real kill of the running task process
+            killed.append(proc.pid)
+
+    attempts = tasks.run_local(job, retries=1, on_start=kill_task_2_once)
+    assert killed and attempts == {0: 1, 1: 1, 2: 2, 3: 1}
+    parts = {i: os.stat(job.part(i)).st_mtime_ns for i in range(4)}
+    assert tasks.run_local(job) == {0: 0, 1: 0, 2: 0, 3: 0}  # finished: nothing redone
+    assert {i: os.stat(job.part(i)).st_mtime_ns for i in range(4)} == parts
+    ds = tasks.merge(job, str(tmp_path), say)
+    assert tree(ds.path) == one_machine
+    assert not os.path.exists(job.directory)
+
+
+def test_merge_refuses_a_job_with_a_missing_part(mixture, tmp_path):
+    job = tasks.prepare(mixture, str(tmp_path), 4, say)
+    assert tasks.run_task(job.directory, 0) and not tasks.run_task(job.directory, 0)
+    with pytest.raises(tasks.TaskError, match=r"tasks \[1, 2, 3\] have not finished"):
+        tasks.merge(job, str(tmp_path), say)
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
+def test_a_slurm_array_job_of_four_tasks_matches_one_machine(mixture, one_machine, tmp_path):
+    with one_node_cluster():
+        job = tasks.prepare(mixture, str(tmp_path), 4, say)
+        attempts = run_slurm(job, launcher_pb2.SlurmPoolConfig(), retries=1)
+        assert attempts == {0: 1, 1: 1, 2: 1, 3: 1}
+        log_dir = os.path.join(job.directory, "logs")
+        logs = "".join(open(os.path.join(log_dir, n)).read() for n in sorted(os.listdir(log_dir)))
+        assert logs.count("precook task") == 4, logs
+        ds = tasks.merge(job, str(tmp_path), say)
+    assert tree(ds.path) == one_machine
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
+def test_a_failed_slurm_array_task_is_resubmitted_alone(mixture, one_machine, tmp_path):
+    with one_node_cluster():
+        job = tasks.prepare(mixture, str(tmp_path), 4, say)
+        blocker = f"{job.part(3)}.tmp"
+        with open(blocker, "w") as f:  # a file where task 3 must make its directory: it fails
+            f.write("in the way")
+        with pytest.raises(tasks.TaskError, match=r"tasks \[3\] failed 1 times"):
+            run_slurm(job, launcher_pb2.SlurmPoolConfig(), retries=0)
+        assert tasks.done(job) == [0, 1, 2]
+        finished = {i: os.stat(job.part(i)).st_mtime_ns for i in range(3)}
+        os.unlink(blocker)
+        attempts = run_slurm(job, launcher_pb2.SlurmPoolConfig(), retries=0)
+        assert attempts == {0: 0, 1: 0, 2: 0, 3: 1}  # only the failed task ran again
+        assert {i: os.stat(job.part(i)).st_mtime_ns for i in range(3)} == finished
+        ds = tasks.merge(job, str(tmp_path), say)
+    assert tree(ds.path) == one_machine
