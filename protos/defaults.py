@@ -114,6 +114,10 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "top_p": Field(0.95, 0, 1, low_open=True),
         "seed": Field(0, 0, INT64_MAX),
     },
+    "eval": {
+        "limit": Field(0, 0, INT32_MAX),
+        "batch_size": Field(8, 1, 1 << 16),
+    },
 }
 
 # Enum fields whose UNSPECIFIED value means a named default (written beside the UNSPECIFIED

@@ -21,6 +21,9 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
     ("data", "tokenizer_path"),
     ("data", "cache_dir"),
     ("checkpoint", "path"),
+    ("hf", "path"),
+    ("eval", "tasks_dir"),
+    ("eval", "sweep"),
 )
 STATE_DIR_ENV = "KITCHEN_STATE_DIR"
 

@@ -139,10 +139,17 @@ def load_checkpoint_model(cfg, run_dir: Path, env, log):
 
 
 def _dataset_of(meta, cfg, attempt: attempt_pb2.Attempt, env, log) -> str:
-    """The checkpoint's own dataset when it is still there, else `cfg.data` precooked."""
-    if Path(meta.dataset).exists():
+    """The checkpoint's own dataset when it is still there, else `cfg.data` precooked (an
+    imported checkpoint has none: its job names the data, with the model's tokenizer)."""
+    if meta.dataset and Path(meta.dataset).exists():
         return meta.dataset
-    return precook(cfg, attempt.cache_dir, env, log).path
+    ds = precook(cfg, attempt.cache_dir, env, log)
+    if ds.tokenizer.vocab_size != meta.vocab_size:
+        raise BadInput(
+            f"trainer.data.tokenizer: {ds.tokenizer.vocab_size} tokens, the checkpoint's model "
+            f"{meta.vocab_size}: precook with its tokenizer (BPE_FILE, tokenizer_path)"
+        )
+    return ds.path
 
 
 def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
@@ -195,6 +202,37 @@ def generate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
     return ExitCode.OK
 
 
+def export_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
+    """A checkpoint as a Hugging Face model directory: trainer.hf.path, else <run dir>/hf."""
+    from trainer.data.tokenizer import load_tokenizer
+    from trainer.interop.hf_export import export_checkpoint
+
+    run_dir = Path(attempt.run_dir)
+    _, meta, path = load_checkpoint_model(cfg, run_dir, env, log)
+    tokenizer = load_tokenizer(_dataset_of(meta, cfg, attempt, env, log))
+    if env.is_main:
+        try:
+            done = export_checkpoint(path, tokenizer, Path(cfg.hf.path or run_dir / "hf"))
+        except FileExistsError as e:
+            raise BadInput(f"trainer.hf.path: {e}") from e
+        size = sum(d.bytes for d in done.files.values())
+        log(f"exported {path.name} ({done.parameters:,} parameters) -> {done.path} ({size:,} bytes)")
+    return ExitCode.OK
+
+
+def import_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
+    """A Hugging Face Llama directory (trainer.hf.path) as checkpoint step 0 of this run."""
+    from trainer.interop.hf_import import import_hf
+
+    if not env.is_main:
+        return ExitCode.OK
+    path, meta = import_hf(Path(cfg.hf.path), Path(attempt.run_dir) / "checkpoints")
+    model = json_format.MessageToDict(meta.model, preserving_proto_field_name=True)
+    log(f"imported {cfg.hf.path} -> {path} (vocabulary {meta.vocab_size:,})")
+    log(f"to fine-tune it: checkpoint.path {path}, trainer.model {model}")
+    return ExitCode.OK
+
+
 def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     """The job of `attempt.spec.kind`."""
     kind = attempt.spec.kind
@@ -207,6 +245,10 @@ def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
         return ExitCode.OK
     if kind in (job_pb2.PRETRAIN, job_pb2.SFT):
         return train(cfg, attempt, env, log, client)
+    if kind == job_pb2.EXPORT:
+        return export_job(cfg, attempt, env, log)
+    if kind == job_pb2.IMPORT:
+        return import_job(cfg, attempt, env, log)
     if kind == job_pb2.EVAL:
         return evaluate_job(cfg, attempt, env, log)
     return generate_job(cfg, attempt, env, log)
@@ -274,6 +316,8 @@ def _run(args) -> ExitCode:
         return code
     except (PrecookError, ConfigError) as e:
         raise BadInput(str(e)) from e
+    except BadInput:  # a checkpoint that does not load, ...: exit 2, not a failure to retry
+        raise
     except Exception:
         log(f"FAILED:\n{traceback.format_exc()}")
         if not env.is_main:
