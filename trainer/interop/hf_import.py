@@ -67,11 +67,13 @@ def load_tensors(hf_dir: Path, expected: dict[str, tuple]) -> dict[str, torch.Te
     from safetensors import safe_open
 
     found: dict[str, torch.Tensor] = {}
+    position = {name: i for i, name in enumerate(expected)}
     for file in weight_files(hf_dir):
         if not file.is_file():
             raise HfFormatError(file.name, f"missing (named by {llama_format.WEIGHTS_INDEX})", str(hf_dir))
         with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+            # In the model's order (unknown names first): the first error is the first layer's.
+            for name in sorted(f.keys(), key=lambda n: position.get(n, -1)):
                 if name.endswith(IGNORED_SUFFIXES):
                     continue
                 if name not in expected:
