@@ -120,11 +120,13 @@ def train(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     return ExitCode.PREEMPTED if outcome is loop.Outcome.PREEMPTED else ExitCode.OK
 
 
-def load_checkpoint_model(cfg, run_dir: Path, env, log):
-    """(model, meta, checkpoint dir) from checkpoint.path or the newest valid one of the run."""
+def load_checkpoint_model(cfg, run_dir: Path, env, log, path: Path | None = None):
+    """(model, meta, checkpoint dir) from `path`, checkpoint.path or the newest valid one of
+    the run."""
     from trainer import checkpoint
 
-    path = Path(cfg.checkpoint.path) if cfg.checkpoint.path else None
+    if path is None and cfg.checkpoint.path:
+        path = Path(cfg.checkpoint.path)
     if path is None:
         found = checkpoint.newest_valid(run_dir / "checkpoints", files=("model.pt",), warn=log)
         if found is None:
@@ -152,27 +154,44 @@ def _dataset_of(meta, cfg, attempt: attempt_pb2.Attempt, env, log) -> str:
     return ds.path
 
 
-def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
+def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
+    """Held-out loss, continuation choice and the harness tasks of trainer.eval.tasks: of one
+    checkpoint (eval.json), or of every checkpoint under trainer.eval.sweep (sweep.json and
+    sweep.png). Each checkpoint's scores are a Progress record (trainer/interop/)."""
     from protos.files import write_json_atomic
-    from trainer import evaluate
+    from protos.progress_log import append_progress, log_path
+    from trainer import checkpoint
     from trainer.config import train_dtype
+    from trainer.interop import checkpoint_eval, sweep
 
     run_dir = Path(attempt.run_dir)
-    model, meta, path = load_checkpoint_model(cfg, run_dir, env, log)
-    dataset = _dataset_of(meta, cfg, attempt, env, log)
     dtype = train_dtype(cfg, env.device)
-    result = evaluate.heldout_loss(model, dataset, cfg, env, dtype)
-    if result is None:
-        raise BadInput(f"{dataset}: the eval split is empty (trainer.data.eval_fraction)")
-    accuracy, asked = evaluate.choice_accuracy(model, dataset, cfg, env, dtype)
-    log(
-        f"eval {path.name}: loss {result.loss:.4f} nats/token, perplexity {result.perplexity:,.2f}"
-        f" over {result.tokens:,} held-out tokens; continuation choice accuracy "
-        f"{accuracy:.1%} on {asked} questions (chance {1 / evaluate.CHOICES:.0%})"
-    )
-    if env.is_main:
-        report = dict(result._asdict(), checkpoint=str(path), step=meta.step)
-        report.update(choice_accuracy=accuracy, choice_questions=asked)
+    targets: list[tuple[str, Path | None]] = [("", None)]
+    if cfg.eval.sweep:
+        targets = list(sweep.sweep_targets(Path(cfg.eval.sweep)))
+    rows, report = [], {}
+    for run, target in targets:
+        if target is not None:
+            try:
+                checkpoint.verify(target, files=("model.pt",))
+            except checkpoint.CheckpointError as e:
+                log(f"WARNING: skipping damaged checkpoint: {e}")
+                continue
+        model, meta, path = load_checkpoint_model(cfg, run_dir, env, log, target)
+        dataset = _dataset_of(meta, cfg, attempt, env, log)
+        report, scores = checkpoint_eval.evaluate_checkpoint(
+            model, meta, path, dataset, cfg, env, dtype, log
+        )
+        if env.is_main:
+            ids = {"job_id": attempt.job_id, "attempt": attempt.number}
+            record = checkpoint_eval.progress(meta.step, path, scores, **ids)
+            append_progress(log_path(run_dir), record)
+            if client is not None:
+                client.send(record)
+        rows.append(sweep.row(run or run_dir.name, path, meta.step, scores))
+    if env.is_main and cfg.eval.sweep:
+        log(f"sweep of {len(rows)} checkpoints: {sweep.write_sweep(run_dir, rows)}")
+    elif env.is_main:
         write_json_atomic(str(run_dir / "eval.json"), report)
     return ExitCode.OK
 
@@ -250,7 +269,7 @@ def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     if kind == job_pb2.IMPORT:
         return import_job(cfg, attempt, env, log)
     if kind == job_pb2.EVAL:
-        return evaluate_job(cfg, attempt, env, log)
+        return evaluate_job(cfg, attempt, env, log, client)
     return generate_job(cfg, attempt, env, log)
 
 

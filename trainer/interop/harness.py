@@ -1,0 +1,125 @@
+"""lm-evaluation-harness tasks for EVAL jobs, offline.
+
+A task name in `trainer.eval.tasks` is looked up in order:
+1. the shipped tasks (trainer/interop/tasks/*.yaml) and those of `trainer.eval.tasks_dir`:
+   YAML task configs whose `dataset_kwargs.data_files` are paths relative to the YAML file
+   (resolved here, so a task directory can live anywhere);
+2. the harness's registry (`hellaswag`, `arc_easy`, ...): it runs when its dataset is already
+   in the Hugging Face datasets cache; nothing is downloaded (HF_DATASETS_OFFLINE=1).
+An unknown name, or a registered task whose data is not on this machine, is a ConfigError
+naming `trainer.eval.tasks` and the task: the trainer exits 2.
+"""
+
+import difflib
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from protos.config_yaml import ConfigError
+from protos.trainer_config_pb2 import EvalConfig
+
+SHIPPED = Path(__file__).parent / "tasks"
+FIELD = "trainer.eval.tasks"
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    task: str
+    metric: str  # "acc", "word_perplexity", ... (the harness's filter suffix dropped)
+    value: float
+    stderr: float  # NaN where the harness gives none
+
+
+def offline() -> None:
+    """No hub at run time: the harness and datasets read local files only."""
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    os.environ["HF_HUB_OFFLINE"] = "1"
+
+
+def local_tasks(tasks_dir: str) -> dict[str, dict]:
+    """{task name: its config, data_files made absolute} of the shipped tasks and `tasks_dir`
+    (which wins on a name both define)."""
+    found: dict[str, dict] = {}
+    for directory in [SHIPPED] + ([Path(tasks_dir)] if tasks_dir else []):
+        if not directory.is_dir():
+            raise ConfigError("trainer.eval.tasks_dir", f"{directory} is not a directory")
+        for path in sorted(directory.glob("*.yaml")):
+            try:
+                config = yaml.safe_load(path.read_text())
+            except yaml.YAMLError as e:
+                raise ConfigError("trainer.eval.tasks_dir", f"{path}: not YAML: {e}") from e
+            if not isinstance(config, dict) or "task" not in config:
+                continue
+            files = config.get("dataset_kwargs", {}).get("data_files")
+            if isinstance(files, dict):
+                config["dataset_kwargs"]["data_files"] = {
+                    split: str(path.parent / f) for split, f in files.items()
+                }
+            found[str(config["task"])] = config
+    return found
+
+
+def task_specs(names: list[str], tasks_dir: str) -> list[str | dict]:
+    """What the harness loads for each name: a local config, or a registered name."""
+    from lm_eval.tasks import TaskManager
+
+    local = local_tasks(tasks_dir)
+    registered = None
+    specs: list[str | dict] = []
+    for name in names:
+        if name in local:
+            specs.append(local[name])
+            continue
+        if registered is None:
+            registered = set(TaskManager().all_tasks)
+        if name not in registered:
+            close = difflib.get_close_matches(name, [*local, *registered], n=3)
+            hint = f" (did you mean {', '.join(close)}?)" if close else ""
+            raise ConfigError(
+                FIELD,
+                f"{name!r} is not a harness task{hint}; shipped offline tasks: "
+                + ", ".join(sorted(local)),
+            )
+        specs.append(name)
+    return specs
+
+
+def run_tasks(lm, cfg: EvalConfig) -> list[TaskScore]:
+    """Every task of `cfg.tasks` on `lm` (a harness LM); scores in task order."""
+    offline()
+    from lm_eval.evaluator import simple_evaluate
+
+    specs = task_specs(list(cfg.tasks), cfg.tasks_dir)
+    try:
+        results = simple_evaluate(
+            model=lm,
+            tasks=specs,
+            limit=cfg.limit or None,
+            bootstrap_iters=0,
+            log_samples=False,
+            random_seed=0,
+            numpy_random_seed=0,
+            torch_random_seed=0,
+            fewshot_random_seed=0,
+        )
+    except (ConnectionError, OSError, ValueError) as e:  # offline datasets: data not cached
+        raise ConfigError(FIELD, f"{list(cfg.tasks)}: a task's data is not here: {e}") from e
+    assert results is not None  # rank 0 (the harness returns None on other ranks)
+    return scores_of(results["results"])
+
+
+def scores_of(results: dict) -> list[TaskScore]:
+    """The harness's {task: {"acc,none": x, "acc_stderr,none": s, ...}} as TaskScores."""
+    out = []
+    for task, metrics in results.items():
+        for key, value in metrics.items():
+            metric, _, _ = key.partition(",")
+            if metric.endswith("_stderr") or not isinstance(value, (int, float)):
+                continue
+            stderr = metrics.get(key.replace(metric, f"{metric}_stderr", 1))
+            stderr = float(stderr) if isinstance(stderr, (int, float)) else math.nan
+            out.append(TaskScore(task, metric, float(value), stderr))
+    return out
