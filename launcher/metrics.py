@@ -6,7 +6,8 @@ from the trainer's progress reports:
   kitchen_train_total_steps, kitchen_train_loss, kitchen_train_eval_loss, kitchen_train_mfu_ratio,
   kitchen_train_tokens_total, kitchen_train_tokens_per_second, kitchen_train_goodput_ratio,
   kitchen_train_peak_memory_bytes, kitchen_train_padding_ratio, kitchen_train_grad_norm,
-  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total.
+  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total,
+  kitchen_eval_score{task,metric,step} (an eval job's scores, one series per checkpoint step).
 Launcher-wide: kitchen_jobs{state,pool}, kitchen_queue_depth{pool},
   kitchen_job_queue_wait_seconds{pool,team} (histogram), kitchen_scheduler_pass_duration_seconds
   (histogram), kitchen_pool_capacity{pool,resource}, kitchen_pool_in_use{pool,resource}.
@@ -56,6 +57,7 @@ class _JobSeries:
         self.attempts = 0
         self.preemptions = 0
         self.finished_at = None
+        self.eval_scores: dict[tuple[str, str, int], float] = {}  # (task, metric, step) -> value
 
 
 def job_labels(job: job_pb2.Job, names: bool = True) -> list:
@@ -119,6 +121,8 @@ class LauncherMetrics:
                 series.step_seconds_sum += steps * p.step_time_seconds
             series.last_step = p.step if series.last_step is None else max(p.step, series.last_step)
             series.has_eval = series.has_eval or p.eval_loss != 0
+            for score in p.eval_scores:  # an eval job's scores of the checkpoint at p.step
+                series.eval_scores[(score.task, score.metric, p.step)] = score.value
             series.progress = p
 
     def attempt_ended(self, job: job_pb2.Job, preempted: bool):
@@ -158,7 +162,14 @@ class LauncherMetrics:
         preemptions = CounterMetricFamily(
             "kitchen_job_preemptions", "Times the job was preempted.", labels=JOB_LABELS
         )
+        scores = GaugeMetricFamily(
+            "kitchen_eval_score",
+            "An eval job's score of the checkpoint at `step`, per harness task and metric.",
+            labels=[*JOB_LABELS, "task", "metric", "step"],
+        )
         for s in jobs:
+            for (task, metric, step), value in sorted(s.eval_scores.items()):
+                scores.add_metric([*s.labels, task, metric, str(step)], value)
             attempts.add_metric(s.labels, s.attempts)
             preemptions.add_metric(s.labels, s.preemptions)
             p = s.progress
@@ -176,7 +187,7 @@ class LauncherMetrics:
                 cumulative.append((le, total))
             hist.add_metric(s.labels, cumulative, s.step_seconds_sum)
         yield from gauges.values()
-        yield from (hist, tokens, attempts, preemptions)
+        yield from (hist, tokens, attempts, preemptions, scores)
 
     def _fleet_families(self, fleet):
         jobs = GaugeMetricFamily(

@@ -161,3 +161,16 @@ def test_a_shared_launchers_metrics_need_the_token_and_hide_job_names(tmp_path):
     hidden.progress(make_job(), progress_pb2.Progress(attempt=1, step=1, step_time_seconds=0.1))
     names = {dict(lbl).get("name") for _, lbl in samples(generate_latest(hidden.registry).decode())}
     assert names == {None, "j7"}  # the job id stands where the name was
+
+
+def test_eval_scores_are_a_gauge_per_task_metric_and_step():
+    m = LauncherMetrics(retention_seconds=60)
+    job = make_job()
+    for step, acc in ((40, 0.3), (80, 0.45)):
+        p = progress_pb2.Progress(attempt=1, phase="eval", step=step, eval_loss=5.0)
+        p.eval_scores.add(task="kitchen_next_line", metric="acc", value=acc)
+        m.progress(job, p)
+    got = samples(generate_latest(m.registry).decode())
+    for step, acc in (("40", 0.3), ("80", 0.45)):
+        labels = LABELS | {("task", "kitchen_next_line"), ("metric", "acc"), ("step", step)}
+        assert got[("kitchen_eval_score", labels)] == acc

@@ -11,6 +11,7 @@ naming `trainer.eval.tasks` and the task: the trainer exits 2.
 """
 
 import difflib
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -62,19 +63,24 @@ def local_tasks(tasks_dir: str) -> dict[str, dict]:
     return found
 
 
-def task_specs(names: list[str], tasks_dir: str) -> list[str | dict]:
-    """What the harness loads for each name: a local config, or a registered name."""
+@functools.cache
+def registry():
+    """The harness's TaskManager over its own ~15,000 task configs (seconds to index: only
+    built when a task is not a local one)."""
     from lm_eval.tasks import TaskManager
 
+    return TaskManager()
+
+
+def task_specs(names: list[str], tasks_dir: str) -> list[str | dict]:
+    """What the harness loads for each name: a local config, or a registered name."""
     local = local_tasks(tasks_dir)
-    registered = None
     specs: list[str | dict] = []
     for name in names:
         if name in local:
             specs.append(local[name])
             continue
-        if registered is None:
-            registered = set(TaskManager().all_tasks)
+        registered = registry().all_tasks
         if name not in registered:
             close = difflib.get_close_matches(name, [*local, *registered], n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
@@ -91,12 +97,15 @@ def run_tasks(lm, cfg: EvalConfig) -> list[TaskScore]:
     """Every task of `cfg.tasks` on `lm` (a harness LM); scores in task order."""
     offline()
     from lm_eval.evaluator import simple_evaluate
+    from lm_eval.tasks import TaskManager
 
     specs = task_specs(list(cfg.tasks), cfg.tasks_dir)
+    local_only = all(isinstance(s, dict) for s in specs)
     try:
         results = simple_evaluate(
             model=lm,
             tasks=specs,
+            task_manager=TaskManager(include_defaults=False) if local_only else registry(),
             limit=cfg.limit or None,
             bootstrap_iters=0,
             log_samples=False,

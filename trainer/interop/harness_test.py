@@ -85,7 +85,7 @@ def test_a_sweep_evaluates_every_checkpoint_and_plots_it(run):
     "eval_cfg, named",
     [
         ({"tasks": ["kitchen_next_lines"]}, "'kitchen_next_lines' is not a harness task (did you mean kitchen_next_line"),
-        ({"tasks": ["arc_easy"]}, "trainer.eval.tasks"),  # registered, but its data is not here
+        ({"tasks": ["arc_easy"]}, "['arc_easy']: a task's data is not here"),  # registered
         ({"sweep": "/nonexistent/run"}, "trainer.eval.sweep: /nonexistent/run is not a directory"),
     ],
 )
