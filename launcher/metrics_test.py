@@ -171,6 +171,6 @@ def test_eval_scores_are_a_gauge_per_task_metric_and_step():
         p.eval_scores.add(task="kitchen_next_line", metric="acc", value=acc)
         m.progress(job, p)
     got = samples(generate_latest(m.registry).decode())
-    for step, acc in (("40", 0.3), ("80", 0.45)):
-        labels = LABELS | {("task", "kitchen_next_line"), ("metric", "acc"), ("step", step)}
+    for label, acc in (("40", 0.3), ("80", 0.45)):
+        labels = LABELS | {("task", "kitchen_next_line"), ("metric", "acc"), ("step", label)}
         assert got[("kitchen_eval_score", labels)] == acc

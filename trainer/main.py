@@ -169,7 +169,8 @@ def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCod
     targets: list[tuple[str, Path | None]] = [("", None)]
     if cfg.eval.sweep:
         targets = list(sweep.sweep_targets(Path(cfg.eval.sweep)))
-    rows, report = [], {}
+    rows: list[dict] = []
+    report: dict = {}
     for run, target in targets:
         if target is not None:
             try:
@@ -235,7 +236,9 @@ def export_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
         except FileExistsError as e:
             raise BadInput(f"trainer.hf.path: {e}") from e
         size = sum(d.bytes for d in done.files.values())
-        log(f"exported {path.name} ({done.parameters:,} parameters) -> {done.path} ({size:,} bytes)")
+        log(
+            f"exported {path.name} ({done.parameters:,} parameters) -> {done.path} ({size:,} bytes)"
+        )
     return ExitCode.OK
 
 

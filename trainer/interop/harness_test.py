@@ -22,13 +22,22 @@ def run(tmp_path_factory):
     """A tiny pretraining run with checkpoints at steps 2 and 4."""
     tmp = tmp_path_factory.mktemp("harness")
     job = tiny_job(tmp / "cache", steps=4, checkpoint={"every_steps": 2})
-    assert main.main(["--config", str(write_job(tmp / "pre.yaml", job)), "--run-dir", str(tmp / "pre")]) == 0
+    assert (
+        main.main(
+            ["--config", str(write_job(tmp / "pre.yaml", job)), "--run-dir", str(tmp / "pre")]
+        )
+        == 0
+    )
     return tmp
 
 
 def eval_job(tmp, name, **eval_cfg):
     ckpt = str(tmp / "pre/checkpoints/step_00000004")
-    job = {"name": name, "kind": "EVAL", "trainer": {"checkpoint": {"path": ckpt}, "eval": eval_cfg}}
+    job = {
+        "name": name,
+        "kind": "EVAL",
+        "trainer": {"checkpoint": {"path": ckpt}, "eval": eval_cfg},
+    }
     job["trainer"]["train"] = {"eval_batches": 2, "micro_batch": 4}
     config = write_job(tmp / f"{name}.yaml", job)
     return main.main(["--config", str(config), "--run-dir", str(tmp / name)])
@@ -52,7 +61,9 @@ def test_adapter_scores_are_the_models_log_probabilities(run):
     """The adapter against a direct computation: log p(continuation | <bos> context)."""
     from lm_eval.api.instance import Instance
 
-    model, meta = checkpoint.load_model(run / "pre/checkpoints/step_00000004", torch.device("cpu"), False)
+    model, meta = checkpoint.load_model(
+        run / "pre/checkpoints/step_00000004", torch.device("cpu"), False
+    )
     (dataset,) = (run / "cache" / "datasets").iterdir()
     tok = load_tokenizer(str(dataset))
     lm = KitchenLM(model, tok, meta.model.max_seq_len, batch_size=2)
@@ -84,7 +95,10 @@ def test_a_sweep_evaluates_every_checkpoint_and_plots_it(run):
 @pytest.mark.parametrize(
     "eval_cfg, named",
     [
-        ({"tasks": ["kitchen_next_lines"]}, "'kitchen_next_lines' is not a harness task (did you mean kitchen_next_line"),
+        (
+            {"tasks": ["kitchen_next_lines"]},
+            "'kitchen_next_lines' is not a harness task (did you mean kitchen_next_line",
+        ),
         ({"tasks": ["arc_easy"]}, "['arc_easy']: a task's data is not here"),  # registered
         ({"sweep": "/nonexistent/run"}, "trainer.eval.sweep: /nonexistent/run is not a directory"),
     ],
@@ -101,5 +115,10 @@ def test_a_checkpoint_that_does_not_load_exits_2_naming_it(run, capsys, tmp_path
     (broken / "meta.json").write_text("{}")
     job = {"name": "broken", "kind": "EVAL", "trainer": {"checkpoint": {"path": str(broken)}}}
     capsys.readouterr()
-    assert main.main(["--config", str(write_job(tmp_path / "b.yaml", job)), "--run-dir", str(tmp_path / "r")]) == 2
+    assert (
+        main.main(
+            ["--config", str(write_job(tmp_path / "b.yaml", job)), "--run-dir", str(tmp_path / "r")]
+        )
+        == 2
+    )
     assert f"trainer.checkpoint.path: {broken}" in capsys.readouterr().err

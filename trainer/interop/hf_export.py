@@ -84,4 +84,3 @@ def export_checkpoint(source: Path, tokenizer: Tokenizer, out: Path) -> Exported
     digests = publish(out, files, replaceable=ours)
     parameters = sum(t.numel() for t in tensors.values())
     return Exported(out, meta.step, digests, parameters)
-

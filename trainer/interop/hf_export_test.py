@@ -1,16 +1,17 @@
 """EXPORT: a trained checkpoint loads in transformers (no custom code) and predicts the same."""
 
 import json
+from typing import Any
 
 import pytest
 import torch
 
 from protos.files import sha256_file
 from trainer import checkpoint, main
+from trainer.data.testdata import write_chat_corpus
 from trainer.data.tokenizer import load_tokenizer
 from trainer.generate import generate
 from trainer.interop.publish import CHECKSUMS
-from trainer.sft_test import chat_file
 from trainer.testing import tiny_job, write_job
 
 torch.set_num_threads(1)
@@ -29,19 +30,28 @@ def runs(tmp_path_factory):
     assert main.main(["--config", str(pretrain), "--run-dir", str(tmp / "pre")]) == 0
     (dataset,) = (cache / "datasets").iterdir()
     step4 = tmp / "pre" / "checkpoints" / "step_00000004"
+    write_chat_corpus(str(tmp / "chat.jsonl"), n=40)
     spec = tiny_job(cache, kind="SFT", steps=2, optim={"lr": 3e-4})
     spec["trainer"]["data"].update(
-        input=str(chat_file(tmp / "chat.jsonl")),
+        input=str(tmp / "chat.jsonl"),
         format="jsonl_chat",
         tokenizer="bpe_file",
         tokenizer_path=str(dataset / "tokenizer.json"),
     )
     spec["trainer"]["checkpoint"] = {"path": str(step4), "every_steps": 2}
-    assert main.main(["--config", str(write_job(tmp / "sft.yaml", spec)), "--run-dir", str(tmp / "sft")]) == 0
+    assert (
+        main.main(
+            ["--config", str(write_job(tmp / "sft.yaml", spec)), "--run-dir", str(tmp / "sft")]
+        )
+        == 0
+    )
     out = {}
     for name, source in (("pre", step4), ("sft", tmp / "sft/checkpoints/step_00000002")):
-        job = {"name": f"export-{name}", "kind": "EXPORT"}
-        job["trainer"] = {"checkpoint": {"path": str(source)}, "hf": {"path": str(tmp / f"hf-{name}")}}
+        job: dict[str, Any] = {"name": f"export-{name}", "kind": "EXPORT"}
+        job["trainer"] = {
+            "checkpoint": {"path": str(source)},
+            "hf": {"path": str(tmp / f"hf-{name}")},
+        }
         assert main.main(["--config", str(write_job(tmp / f"export-{name}.yaml", job))]) == 0
         out[name] = (source, tmp / f"hf-{name}")
     return tmp, dataset, out
@@ -64,7 +74,9 @@ def test_transformers_loads_it_and_gives_the_same_logits_and_greedy_text(runs):
         kitchen_logits = ours(x, torch.arange(len(ids))[None])
         hf_logits = theirs(x).logits
     assert (kitchen_logits - hf_logits).abs().max() < LOGITS_ATOL
-    new, _ = generate(ours, ids, 24, temperature=0, stop_id=tok.eos_id, max_len=meta.model.max_seq_len)
+    new, _ = generate(
+        ours, ids, 24, temperature=0, stop_id=tok.eos_id, max_len=meta.model.max_seq_len
+    )
     hf_new = theirs.generate(x, max_new_tokens=24, do_sample=False)[0, len(ids) :].tolist()
     assert hf_new == new
     assert hf_tok.decode(hf_new, skip_special_tokens=True) == tok.decode(new)
@@ -92,7 +104,9 @@ def test_checksums_are_carried_and_checked(runs):
     for name, digest in sums.items():
         assert sha256_file(str(hf_dir / name)) == digest["sha256"]
     provenance = json.loads((hf_dir / "kitchen_export.json").read_text())
-    assert provenance["checkpoint_files"]["model.pt"]["sha256"] == sha256_file(str(source / "model.pt"))
+    assert provenance["checkpoint_files"]["model.pt"]["sha256"] == sha256_file(
+        str(source / "model.pt")
+    )
     # A damaged export is refused on import, naming the file.
     damaged = tmp / "damaged"
     damaged.mkdir()
@@ -121,7 +135,7 @@ def test_export_refuses_to_overwrite_a_foreign_directory(runs, capsys):
     foreign = tmp / "mine"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("keep me")
-    job = {"name": "export-over", "kind": "EXPORT"}
+    job: dict[str, Any] = {"name": "export-over", "kind": "EXPORT"}
     job["trainer"] = {"checkpoint": {"path": str(out["pre"][0])}, "hf": {"path": str(foreign)}}
     capsys.readouterr()
     assert main.main(["--config", str(write_job(tmp / "over.yaml", job))]) == 2

@@ -44,7 +44,9 @@ def _check_carried_checksums(hf_dir: Path) -> None:
     for name, digest in _read_json(hf_dir / CHECKSUMS).items():
         path = hf_dir / name
         if not path.is_file() or sha256_file(str(path)) != digest["sha256"]:
-            raise HfFormatError(name, f"missing or does not match its SHA-256 in {CHECKSUMS}", str(hf_dir))
+            raise HfFormatError(
+                name, f"missing or does not match its SHA-256 in {CHECKSUMS}", str(hf_dir)
+            )
 
 
 def weight_files(hf_dir: Path) -> list[Path]:
@@ -70,7 +72,9 @@ def load_tensors(hf_dir: Path, expected: dict[str, tuple]) -> dict[str, torch.Te
     position = {name: i for i, name in enumerate(expected)}
     for file in weight_files(hf_dir):
         if not file.is_file():
-            raise HfFormatError(file.name, f"missing (named by {llama_format.WEIGHTS_INDEX})", str(hf_dir))
+            raise HfFormatError(
+                file.name, f"missing (named by {llama_format.WEIGHTS_INDEX})", str(hf_dir)
+            )
         with safe_open(str(file), framework="pt") as f:
             # In the model's order (unknown names first): the first error is the first layer's.
             for name in sorted(f.keys(), key=lambda n: position.get(n, -1)):

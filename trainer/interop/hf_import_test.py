@@ -2,6 +2,7 @@
 the same logits; what Kitchen's model cannot represent is refused naming the field."""
 
 import json
+from typing import Any
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ def llama_dir(path, **overrides):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    fields = dict(
+    fields: dict[str, Any] = dict(
         vocab_size=300,
         hidden_size=64,
         intermediate_size=160,
@@ -69,12 +70,17 @@ def _edit_config(hf_dir, **changes):
         ({"head_dim": 32}, "config.json: head_dim: 32"),
         ({"model_type": "mistral"}, "config.json: model_type"),
         ({"hidden_act": "gelu"}, "config.json: hidden_act"),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}}, "rope_parameters.rope_type"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4}},
+            "rope_parameters.rope_type",
+        ),
         ({"intermediate_size": 192}, "model.layers.0.mlp.gate_proj.weight: shape [160, 64]"),
         ({"num_key_value_heads": 4}, "model.layers.0.self_attn.k_proj.weight: shape [32, 64]"),
     ],
 )
-def test_what_the_model_cannot_represent_is_refused_naming_the_field(tmp_path, capsys, changes, named):
+def test_what_the_model_cannot_represent_is_refused_naming_the_field(
+    tmp_path, capsys, changes, named
+):
     llama_dir(tmp_path / "hf")
     _edit_config(tmp_path / "hf", **changes)
     capsys.readouterr()

@@ -26,7 +26,11 @@ def sweep_targets(root: Path) -> list[tuple[str, Path]]:
     elif checkpoint.checkpoints(root):
         runs = [(root.parent.name, root)]
     elif root.is_dir():
-        runs = [(d.name, d / "checkpoints") for d in sorted(root.iterdir()) if (d / "checkpoints").is_dir()]
+        runs = [
+            (d.name, d / "checkpoints")
+            for d in sorted(root.iterdir())
+            if (d / "checkpoints").is_dir()
+        ]
     else:
         raise ConfigError(FIELD, f"{root} is not a directory")
     found = [(name, path) for name, ckpts in runs for path in checkpoint.checkpoints(ckpts)]

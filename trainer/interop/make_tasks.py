@@ -1,7 +1,8 @@
 """Build the shipped offline harness tasks' data from the Python standard library (always on
-this machine), deterministically. Run once; its output (*.jsonl) is committed beside the YAMLs:
+this machine), deterministically. Run once; its output (tasks/*.jsonl) is committed beside the
+YAMLs:
 
-    python trainer/interop/tasks/make_tasks.py
+    python trainer/interop/make_tasks.py
 
 - kitchen_next_line (multiple_choice): four lines of a stdlib module, then which of four lines
   comes next: its own next line or the line after some other module's four. Chance is 25%.
@@ -18,7 +19,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parent / "tasks"
 PACKAGES = ("json", "http", "csv.py", "urllib")
 
 
