@@ -326,6 +326,7 @@ def _run(args) -> ExitCode:
             from protos import progress_pb2
 
             phase = {"EVAL": "eval", "GENERATE": "generate"}.get(kind, "precook")
+            phase = {"EXPORT": "export", "IMPORT": "import"}.get(kind, phase)
             started = progress_pb2.Progress(
                 phase=phase, message="started", job_id=attempt.job_id, attempt=attempt.number
             )

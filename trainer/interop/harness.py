@@ -24,6 +24,8 @@ from protos.trainer_config_pb2 import EvalConfig
 
 SHIPPED = Path(__file__).parent / "tasks"
 FIELD = "trainer.eval.tasks"
+NOT_SCORES = {"sample_len", "alias"}  # bookkeeping the harness puts beside the metrics
+BINARY = {"acc", "acc_norm", "exact_match"}  # means of 0/1 outcomes
 
 
 @dataclass(frozen=True)
@@ -121,14 +123,23 @@ def run_tasks(lm, cfg: EvalConfig) -> list[TaskScore]:
 
 
 def scores_of(results: dict) -> list[TaskScore]:
-    """The harness's {task: {"acc,none": x, "acc_stderr,none": s, ...}} as TaskScores."""
+    """The harness's {task: {"acc,none": x, "acc_stderr,none": s, "sample_len": n, ...}} as
+    TaskScores. Bootstrapping is off (it forks a process pool): the standard error of a
+    0..1 mean (acc, exact_match) is the binomial one, sqrt(p (1 - p) / n); others have none."""
     out = []
     for task, metrics in results.items():
+        n = metrics.get("sample_len") or 0
         for key, value in metrics.items():
             metric, _, _ = key.partition(",")
-            if metric.endswith("_stderr") or not isinstance(value, (int, float)):
+            if metric.endswith("_stderr") or metric in NOT_SCORES or not _number(value):
                 continue
             stderr = metrics.get(key.replace(metric, f"{metric}_stderr", 1))
-            stderr = float(stderr) if isinstance(stderr, (int, float)) else math.nan
-            out.append(TaskScore(task, metric, float(value), stderr))
+            if not _number(stderr):
+                binary = metric in BINARY and n and 0 <= value <= 1
+                stderr = math.sqrt(value * (1 - value) / n) if binary else math.nan
+            out.append(TaskScore(task, metric, float(value), float(stderr)))
     return out
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
