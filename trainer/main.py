@@ -162,10 +162,12 @@ def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCod
     from protos.progress_log import append_progress, log_path
     from trainer import checkpoint
     from trainer.config import train_dtype
-    from trainer.interop import checkpoint_eval, sweep
+    from trainer.interop import checkpoint_eval, harness, sweep
 
     run_dir = Path(attempt.run_dir)
     dtype = train_dtype(cfg, env.device)
+    if cfg.eval.tasks:  # an unknown task name: exit 2 before any checkpoint is evaluated
+        harness.task_specs(list(cfg.eval.tasks), cfg.eval.tasks_dir)
     targets: list[tuple[str, Path | None]] = [("", None)]
     if cfg.eval.sweep:
         targets = list(sweep.sweep_targets(Path(cfg.eval.sweep)))

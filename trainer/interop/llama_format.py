@@ -115,9 +115,9 @@ def hf_config(
         "head_dim": m.dim // m.n_heads,
         "hidden_act": "silu",
         "max_position_embeddings": m.max_seq_len,
-        "rms_norm_eps": m.norm_eps,
-        "rope_theta": m.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": m.rope_theta},
+        "rms_norm_eps": _decimal(m.norm_eps),
+        "rope_theta": _decimal(m.rope_theta),
+        "rope_parameters": {"rope_type": "default", "rope_theta": _decimal(m.rope_theta)},
         "tie_word_embeddings": m.tie_embeddings,
         "attention_bias": False,
         "mlp_bias": False,
@@ -128,6 +128,11 @@ def hf_config(
         "dtype": dtype,
         "use_cache": True,
     }
+
+
+def _decimal(value: float) -> float:
+    """A proto float (fp32) as the decimal it was written as: 1e-05, not 9.99999974738e-06."""
+    return float(f"{value:.7g}")
 
 
 def _field(config: dict, name: str, kind: type, source: str, default=None):
