@@ -137,6 +137,10 @@ class SimulatedFleet:
             padding_fraction=sim.padding_fraction,
             goodput=min(0.97, 0.5 + sim.step / 400),
             tokens_total=sim.tokens_per_step * sim.step,
+            # a held-out eval at the first step and every 50th after (kitchen_eval_score)
+            eval_scores=[{"task": "heldout", "metric": "loss", "value": loss + 0.1}]
+            if sim.step % 50 == 1
+            else [],
         )
 
     def tick(self) -> None:
