@@ -14,6 +14,7 @@ import difflib
 import functools
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,11 +99,19 @@ def task_specs(names: list[str], tasks_dir: str) -> list[str | dict]:
 def run_tasks(lm, cfg: EvalConfig) -> list[TaskScore]:
     """Every task of `cfg.tasks` on `lm` (a harness LM); scores in task order."""
     offline()
+    specs = task_specs(list(cfg.tasks), cfg.tasks_dir)
+    local_only = all(isinstance(s, dict) for s in specs)
+    with tempfile.TemporaryDirectory(prefix="kitchen-harness-") as scratch:
+        for spec in specs:  # local data: its Arrow cache is scratch, not ~/.cache (read-only?)
+            if isinstance(spec, dict):
+                spec.setdefault("dataset_kwargs", {})["cache_dir"] = scratch
+        return _evaluate(lm, cfg, specs, local_only)
+
+
+def _evaluate(lm, cfg: EvalConfig, specs: list[str | dict], local_only: bool) -> list[TaskScore]:
     from lm_eval.evaluator import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    specs = task_specs(list(cfg.tasks), cfg.tasks_dir)
-    local_only = all(isinstance(s, dict) for s in specs)
     try:
         results = simple_evaluate(
             model=lm,
