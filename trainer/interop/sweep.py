@@ -41,6 +41,8 @@ def sweep_targets(root: Path) -> list[tuple[str, Path]]:
 
 def write_sweep(run_dir: Path, rows: list[dict]) -> Path:
     """sweep.json and sweep.png in `run_dir`; the png's path."""
+    if not rows:
+        raise ConfigError(FIELD, "every checkpoint found was damaged: nothing evaluated")
     write_json_atomic(str(run_dir / "sweep.json"), rows)
     return plot_sweep(rows, run_dir / "sweep.png")
 
