@@ -3,7 +3,9 @@
 A task name in `trainer.eval.tasks` is looked up in order:
 1. the shipped tasks (trainer/interop/tasks/*.yaml) and those of `trainer.eval.tasks_dir`:
    YAML task configs whose `dataset_kwargs.data_files` are paths relative to the YAML file
-   (resolved here, so a task directory can live anywhere);
+   (resolved here, so a task directory can live anywhere). A YAML may `include:` one of the
+   harness's own task files (`arc/arc_easy.yaml`) and point it at local data: any registered
+   task runs over a local copy of its dataset;
 2. the harness's registry (`hellaswag`, `arc_easy`, ...): it runs when its dataset is already
    in the Hugging Face datasets cache; nothing is downloaded (HF_DATASETS_OFFLINE=1).
 An unknown name, or a registered task whose data is not on this machine, is a ConfigError
@@ -12,6 +14,7 @@ naming `trainer.eval.tasks` and the task: the trainer exits 2.
 
 import difflib
 import functools
+import importlib.util
 import math
 import os
 import tempfile
@@ -51,11 +54,8 @@ def local_tasks(tasks_dir: str) -> dict[str, dict]:
         if not directory.is_dir():
             raise ConfigError("trainer.eval.tasks_dir", f"{directory} is not a directory")
         for path in sorted(directory.glob("*.yaml")):
-            try:
-                config = yaml.safe_load(path.read_text())
-            except yaml.YAMLError as e:
-                raise ConfigError("trainer.eval.tasks_dir", f"{path}: not YAML: {e}") from e
-            if not isinstance(config, dict) or "task" not in config:
+            config = _load_task_yaml(path)
+            if "task" not in config:
                 continue
             files = config.get("dataset_kwargs", {}).get("data_files")
             if isinstance(files, dict):
@@ -73,6 +73,33 @@ def registry():
     from lm_eval.tasks import TaskManager
 
     return TaskManager()
+
+
+def _harness_tasks() -> Path:
+    """The harness's own task directory (lm_eval/tasks)."""
+    spec = importlib.util.find_spec("lm_eval")
+    assert spec is not None and spec.origin is not None, "lm-eval is not installed"
+    return Path(spec.origin).parent / "tasks"
+
+
+def _load_task_yaml(path: Path) -> dict:
+    """A task YAML as the harness reads it (`!function`, `include`), where an `include` that is
+    not beside the file names one of the harness's own task files (`include:
+    arc/arc_easy.yaml`): a registered task's prompts and metrics over local data."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    try:
+        config = load_yaml(path, recursive=False)
+        includes = config.pop("include", [])
+        merged: dict = {}
+        for name in includes if isinstance(includes, list) else [includes]:
+            beside = path.parent / name
+            merged.update(load_yaml(beside if beside.exists() else _harness_tasks() / name))
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise ConfigError("trainer.eval.tasks_dir", f"{path}: not a task config: {e}") from e
+    merged.pop("tag", None)  # a local variant is not a member of the registered task's tags
+    merged.update(config)
+    return merged
 
 
 def task_specs(names: list[str], tasks_dir: str) -> list[str | dict]:

@@ -92,6 +92,29 @@ def test_a_sweep_evaluates_every_checkpoint_and_plots_it(run):
     assert steps == [2, 4]
 
 
+def test_a_registered_task_runs_over_a_local_copy_of_its_data(run):
+    """arc_easy's own prompt, choices and metrics (included from the harness's task files)
+    over four questions in ARC's schema written here: any harness task runs offline once its
+    data is on disk."""
+    tasks = run / "my_tasks"
+    tasks.mkdir()
+    rows = [
+        {"id": str(i), "question": q, "answerKey": "B",
+         "choices": {"text": ["a list", "a dict", "a set"], "label": ["A", "B", "C"]}}
+        for i, q in enumerate(["What maps keys to values?", "What does {} make?"] * 2)
+    ]  # fmt: skip
+    (tasks / "arc_easy_local.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tasks / "arc_easy_local.yaml").write_text(
+        "include: arc/arc_easy.yaml\ntask: arc_easy_local\ndataset_path: json\n"
+        "dataset_name: null\ndataset_kwargs:\n  data_files:\n    test: arc_easy_local.jsonl\n"
+        "training_split: null\nvalidation_split: null\n"
+    )
+    assert eval_job(run, "arc", tasks=["arc_easy_local"], tasks_dir=str(tasks)) == 0
+    harness = json.loads((run / "arc" / "eval.json").read_text())["harness"]
+    assert set(harness) == {"arc_easy_local/acc", "arc_easy_local/acc_norm"}
+    assert harness["arc_easy_local/acc"] in (0, 0.25, 0.5, 0.75, 1)
+
+
 @pytest.mark.parametrize(
     "eval_cfg, named",
     [
