@@ -133,3 +133,12 @@ def test_resolve_trainer_does_not_change_its_input():
     cfg = trainer_config_pb2.TrainerConfig()
     out = resolve_trainer(cfg)
     assert out.model.dim == 256 and not cfg.model.HasField("dim")
+
+
+def test_interop_fields_are_checked():
+    assert "trainer.hf.path: IMPORT reads a Hugging Face" in error(spec_with(kind=job_pb2.IMPORT))
+    assert "trainer.eval.batch_size: 0 is not in [1," in error(
+        spec_with(trainer__eval__batch_size=0)
+    )
+    cfg = validate_job_spec(spec_with(kind=job_pb2.EVAL))
+    assert (cfg.eval.limit, cfg.eval.batch_size) == (0, 8)
