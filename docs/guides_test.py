@@ -47,6 +47,7 @@ GUIDES = (
     "reliability.md",
     "rlhf.md",  # #14: by-hand runs (trainer:train) from the SFT checkpoint of sft.md
     "moe.md",
+    "interop.md",
 )
 JOB_TARGETS = ("//launcher:submit", "//trainer:train")
 COMMAND_TIMEOUT_S = 600

@@ -6,7 +6,8 @@ from the trainer's progress reports:
   kitchen_train_total_steps, kitchen_train_loss, kitchen_train_eval_loss, kitchen_train_mfu_ratio,
   kitchen_train_tokens_total, kitchen_train_tokens_per_second, kitchen_train_goodput_ratio,
   kitchen_train_peak_memory_bytes, kitchen_train_padding_ratio, kitchen_train_grad_norm,
-  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total;
+  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total,
+  kitchen_eval_score{task,metric,step} (an eval job's scores, one series per checkpoint step);
   for mixture-of-experts jobs the kitchen_train_moe_* series of launcher/moe_metrics.py.
 Launcher-wide: kitchen_jobs{state,pool}, kitchen_queue_depth{pool},
   kitchen_job_queue_wait_seconds{pool,team} (histogram), kitchen_scheduler_pass_duration_seconds
@@ -117,6 +118,7 @@ class _JobSeries:
         self.finished_at = None
         self.rl: dict[str, float] = {}  # _RL_GAUGES: newest non-zero value of each field
         self.moe = None  # the latest Progress with MoE statistics (launcher/moe_metrics.py)
+        self.eval_scores: dict[tuple[str, str, int], float] = {}  # (task, metric, step) -> value
 
 
 def job_labels(job: job_pb2.Job, names: bool = True) -> list:
@@ -180,6 +182,8 @@ class LauncherMetrics:
                 series.step_seconds_sum += steps * p.step_time_seconds
             series.last_step = p.step if series.last_step is None else max(p.step, series.last_step)
             series.has_eval = series.has_eval or p.eval_loss != 0
+            for score in p.eval_scores:  # an eval job's scores of the checkpoint at p.step
+                series.eval_scores[(score.task, score.metric, p.step)] = score.value
             series.progress = p
             if p.ranks:
                 series.ranks = list(p.ranks)
@@ -227,7 +231,14 @@ class LauncherMetrics:
         preemptions = CounterMetricFamily(
             "kitchen_job_preemptions", "Times the job was preempted.", labels=JOB_LABELS
         )
+        scores = GaugeMetricFamily(
+            "kitchen_eval_score",
+            "An eval job's score of the checkpoint at `step`, per harness task and metric.",
+            labels=[*JOB_LABELS, "task", "metric", "step"],
+        )
         for s in jobs:
+            for (task, metric, step), value in sorted(s.eval_scores.items()):
+                scores.add_metric([*s.labels, task, metric, str(step)], value)
             attempts.add_metric(s.labels, s.attempts)
             preemptions.add_metric(s.labels, s.preemptions)
             p = s.progress
@@ -248,7 +259,7 @@ class LauncherMetrics:
                 cumulative.append((le, total))
             hist.add_metric(s.labels, cumulative, s.step_seconds_sum)
         yield from gauges.values()
-        yield from (hist, tokens, attempts, preemptions)
+        yield from (hist, tokens, attempts, preemptions, scores)
         yield from _rank_families(jobs)
         yield from moe_metrics.families([(s.labels, s.moe) for s in jobs], JOB_LABELS)
 

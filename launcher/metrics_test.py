@@ -181,3 +181,16 @@ def test_rl_series_keep_their_newest_value_and_only_rl_jobs_have_them():
     rl_series = {name for name, lab in got if name.startswith("kitchen_rl_")}
     assert all(lab == labels for name, lab in got if name in rl_series)
     assert ("kitchen_rl_entropy", labels) not in got  # never reported
+
+
+def test_eval_scores_are_a_gauge_per_task_metric_and_step():
+    m = LauncherMetrics(retention_seconds=60)
+    job = make_job()
+    for step, acc in ((40, 0.3), (80, 0.45)):
+        p = progress_pb2.Progress(attempt=1, phase="eval", step=step, eval_loss=5.0)
+        p.eval_scores.add(task="kitchen_next_line", metric="acc", value=acc)
+        m.progress(job, p)
+    got = samples(generate_latest(m.registry).decode())
+    for label, acc in (("40", 0.3), ("80", 0.45)):
+        labels = LABELS | {("task", "kitchen_next_line"), ("metric", "acc"), ("step", label)}
+        assert got[("kitchen_eval_score", labels)] == acc

@@ -153,6 +153,10 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "temperature": Field(1.0, 0, 100, low_open=True),
         "eval_fraction": Field(0.1, 0, 1, high_open=True),
     },
+    "eval": {
+        "limit": Field(0, 0, INT32_MAX),
+        "batch_size": Field(8, 1, 1 << 16),
+    },
 }
 
 # Enum fields whose UNSPECIFIED value means a named default (written beside the UNSPECIFIED

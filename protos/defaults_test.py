@@ -16,6 +16,7 @@ SECTION_OF = {"DataConfig": "data", "ModelConfig": "model", "OptimConfig": "opti
 SECTION_OF.update(TrainConfig="train", CheckpointConfig="checkpoint", GenerateConfig="generate")
 SECTION_OF.update(HealthConfig="health")
 SECTION_OF["RlConfig"] = "rl"
+SECTION_OF.update(EvalConfig="eval")
 
 
 def _literal(type_name: str, text: str):

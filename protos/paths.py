@@ -27,6 +27,9 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
     ("rl", "prompts"),
     ("rl", "reference_path"),
     ("rl", "reward_path"),
+    ("hf", "path"),
+    ("eval", "tasks_dir"),
+    ("eval", "sweep"),
 )
 # (section, repeated message field, path field in each item): every mixture source's input.
 REPEATED_PATH_FIELDS: tuple[tuple[str, str, str], ...] = (("data", "sources", "input"),)

@@ -246,6 +246,9 @@ def validate_trainer(
     for section in ("model", "optim", "train", "checkpoint", "generate"):
         _ranges(getattr(cfg, section), section, f"trainer.{section}")
     _ranges(cfg.health, "health", "trainer.health")
+    _ranges(cfg.eval, "eval", "trainer.eval")
+    if kind == job_pb2.IMPORT:
+        _check(bool(cfg.hf.path), "trainer.hf.path", "IMPORT reads a Hugging Face model directory")
     if kind == job_pb2.SFT:
         _check(
             d.format == trainer_config_pb2.JSONL_CHAT,

@@ -270,3 +270,12 @@ def test_mixture_sources_and_filters_name_the_field_at_fault(sources, extra, fie
     with pytest.raises(ConfigError) as err:
         resolve_data(data)
     assert err.value.field == field and problem in err.value.problem, err.value
+
+
+def test_interop_fields_are_checked():
+    assert "trainer.hf.path: IMPORT reads a Hugging Face" in error(spec_with(kind=job_pb2.IMPORT))
+    assert "trainer.eval.batch_size: 0 is not in [1," in error(
+        spec_with(trainer__eval__batch_size=0)
+    )
+    cfg = validate_job_spec(spec_with(kind=job_pb2.EVAL))
+    assert (cfg.eval.limit, cfg.eval.batch_size) == (0, 8)

@@ -450,7 +450,12 @@ class Trainer:
             f"{result.perplexity:,.2f} over {result.tokens:,} held-out tokens"
         )
         self.log(message)
-        self.metrics.write(self._progress(phase="eval", eval_loss=result.loss, message=message))
+        score = {"task": "heldout", "metric": "loss", "value": result.loss}  # kitchen_eval_score
+        self.metrics.write(
+            self._progress(
+                phase="eval", eval_loss=result.loss, message=message, eval_scores=[score]
+            )
+        )
         return result.loss
 
 

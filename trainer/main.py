@@ -120,11 +120,13 @@ def train(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     return ExitCode.PREEMPTED if outcome is loop.Outcome.PREEMPTED else ExitCode.OK
 
 
-def load_checkpoint_model(cfg, run_dir: Path, env, log):
-    """(model, meta, checkpoint dir) from checkpoint.path or the newest valid one of the run."""
+def load_checkpoint_model(cfg, run_dir: Path, env, log, path: Path | None = None):
+    """(model, meta, checkpoint dir) from `path`, checkpoint.path or the newest valid one of
+    the run."""
     from trainer import checkpoint
 
-    path = Path(cfg.checkpoint.path) if cfg.checkpoint.path else None
+    if path is None and cfg.checkpoint.path:
+        path = Path(cfg.checkpoint.path)
     if path is None:
         found = checkpoint.newest_valid(run_dir / "checkpoints", files=("model.pt",), warn=log)
         if found is None:
@@ -139,33 +141,60 @@ def load_checkpoint_model(cfg, run_dir: Path, env, log):
 
 
 def _dataset_of(meta, cfg, attempt: attempt_pb2.Attempt, env, log) -> str:
-    """The checkpoint's own dataset when it is still there, else `cfg.data` precooked."""
-    if Path(meta.dataset).exists():
+    """The checkpoint's own dataset when it is still there, else `cfg.data` precooked (an
+    imported checkpoint has none: its job names the data, with the model's tokenizer)."""
+    if meta.dataset and Path(meta.dataset).exists():
         return meta.dataset
-    return precook(cfg, attempt.cache_dir, env, log).path
+    ds = precook(cfg, attempt.cache_dir, env, log)
+    if ds.tokenizer.vocab_size != meta.vocab_size:
+        raise BadInput(
+            f"trainer.data.tokenizer: {ds.tokenizer.vocab_size} tokens, the checkpoint's model "
+            f"{meta.vocab_size}: precook with its tokenizer (BPE_FILE, tokenizer_path)"
+        )
+    return ds.path
 
 
-def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
+def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
+    """Held-out loss, continuation choice and the harness tasks of trainer.eval.tasks: of one
+    checkpoint (eval.json), or of every checkpoint under trainer.eval.sweep (sweep.json and
+    sweep.png). Each checkpoint's scores are a Progress record (trainer/interop/)."""
     from protos.files import write_json_atomic
-    from trainer import evaluate
+    from protos.progress_log import append_progress, log_path
+    from trainer import checkpoint
     from trainer.config import train_dtype
+    from trainer.interop import checkpoint_eval, harness, sweep
 
     run_dir = Path(attempt.run_dir)
-    model, meta, path = load_checkpoint_model(cfg, run_dir, env, log)
-    dataset = _dataset_of(meta, cfg, attempt, env, log)
     dtype = train_dtype(cfg, env.device)
-    result = evaluate.heldout_loss(model, dataset, cfg, env, dtype)
-    if result is None:
-        raise BadInput(f"{dataset}: the eval split is empty (trainer.data.eval_fraction)")
-    accuracy, asked = evaluate.choice_accuracy(model, dataset, cfg, env, dtype)
-    log(
-        f"eval {path.name}: loss {result.loss:.4f} nats/token, perplexity {result.perplexity:,.2f}"
-        f" over {result.tokens:,} held-out tokens; continuation choice accuracy "
-        f"{accuracy:.1%} on {asked} questions (chance {1 / evaluate.CHOICES:.0%})"
-    )
-    if env.is_main:
-        report = dict(result._asdict(), checkpoint=str(path), step=meta.step)
-        report.update(choice_accuracy=accuracy, choice_questions=asked)
+    if cfg.eval.tasks:  # an unknown task name: exit 2 before any checkpoint is evaluated
+        harness.task_specs(list(cfg.eval.tasks), cfg.eval.tasks_dir)
+    targets: list[tuple[str, Path | None]] = [("", None)]
+    if cfg.eval.sweep:
+        targets = list(sweep.sweep_targets(Path(cfg.eval.sweep)))
+    rows: list[dict] = []
+    report: dict = {}
+    for run, target in targets:
+        if target is not None:
+            try:
+                checkpoint.verify(target, files=("model.pt",))
+            except checkpoint.CheckpointError as e:
+                log(f"WARNING: skipping damaged checkpoint: {e}")
+                continue
+        model, meta, path = load_checkpoint_model(cfg, run_dir, env, log, target)
+        dataset = _dataset_of(meta, cfg, attempt, env, log)
+        report, scores = checkpoint_eval.evaluate_checkpoint(
+            model, meta, path, dataset, cfg, env, dtype, log
+        )
+        if env.is_main:
+            ids = {"job_id": attempt.job_id, "attempt": attempt.number}
+            record = checkpoint_eval.progress(meta.step, path, scores, **ids)
+            append_progress(log_path(run_dir), record)
+            if client is not None:
+                client.send(record)
+        rows.append(sweep.row(run or run_dir.name, path, meta.step, scores))
+    if env.is_main and cfg.eval.sweep:
+        log(f"sweep of {len(rows)} checkpoints: {sweep.write_sweep(run_dir, rows)}")
+    elif env.is_main:
         write_json_atomic(str(run_dir / "eval.json"), report)
     return ExitCode.OK
 
@@ -195,6 +224,39 @@ def generate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
     return ExitCode.OK
 
 
+def export_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
+    """A checkpoint as a Hugging Face model directory: trainer.hf.path, else <run dir>/hf."""
+    from trainer.data.tokenizer import load_tokenizer
+    from trainer.interop.hf_export import export_checkpoint
+
+    run_dir = Path(attempt.run_dir)
+    _, meta, path = load_checkpoint_model(cfg, run_dir, env, log)
+    tokenizer = load_tokenizer(_dataset_of(meta, cfg, attempt, env, log))
+    if env.is_main:
+        try:
+            done = export_checkpoint(path, tokenizer, Path(cfg.hf.path or run_dir / "hf"))
+        except FileExistsError as e:
+            raise BadInput(f"trainer.hf.path: {e}") from e
+        size = sum(d.bytes for d in done.files.values())
+        log(
+            f"exported {path.name} ({done.parameters:,} parameters) -> {done.path} ({size:,} bytes)"
+        )
+    return ExitCode.OK
+
+
+def import_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
+    """A Hugging Face Llama directory (trainer.hf.path) as checkpoint step 0 of this run."""
+    from trainer.interop.hf_import import import_hf
+
+    if not env.is_main:
+        return ExitCode.OK
+    path, meta = import_hf(Path(cfg.hf.path), Path(attempt.run_dir) / "checkpoints")
+    model = json_format.MessageToDict(meta.model, preserving_proto_field_name=True)
+    log(f"imported {cfg.hf.path} -> {path} (vocabulary {meta.vocab_size:,})")
+    log(f"to fine-tune it: checkpoint.path {path}, trainer.model {model}")
+    return ExitCode.OK
+
+
 def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     """The job of `attempt.spec.kind`."""
     kind = attempt.spec.kind
@@ -207,8 +269,12 @@ def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
         return ExitCode.OK
     if kind in (job_pb2.PRETRAIN, job_pb2.SFT):
         return train(cfg, attempt, env, log, client)
+    if kind == job_pb2.EXPORT:
+        return export_job(cfg, attempt, env, log)
+    if kind == job_pb2.IMPORT:
+        return import_job(cfg, attempt, env, log)
     if kind == job_pb2.EVAL:
-        return evaluate_job(cfg, attempt, env, log)
+        return evaluate_job(cfg, attempt, env, log, client)
     if kind in (job_pb2.REWARD, job_pb2.DPO, job_pb2.PPO):  # #14: trainer/rl/
         from trainer.rl import dpo, ppo, reward_model
 
@@ -267,6 +333,7 @@ def _run(args) -> ExitCode:
             from protos import progress_pb2
 
             phase = {"EVAL": "eval", "GENERATE": "generate"}.get(kind, "precook")
+            phase = {"EXPORT": "export", "IMPORT": "import"}.get(kind, phase)
             started = progress_pb2.Progress(
                 phase=phase, message="started", job_id=attempt.job_id, attempt=attempt.number
             )
@@ -279,6 +346,8 @@ def _run(args) -> ExitCode:
         return code
     except (PrecookError, ConfigError) as e:
         raise BadInput(str(e)) from e
+    except BadInput:  # a checkpoint that does not load, ...: exit 2, not a failure to retry
+        raise
     except Exception:
         log(f"FAILED:\n{traceback.format_exc()}")
         if not env.is_main:

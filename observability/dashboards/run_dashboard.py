@@ -140,6 +140,17 @@ def build() -> Dashboard:
                 min_value=0,
             )
         )
+        .with_panel(
+            timeseries_panel(
+                "Eval scores",
+                "Scores of eval jobs (held-out loss, lm-evaluation-harness tasks), one series "
+                "per task, metric and checkpoint step: a sweep over a run's checkpoints draws "
+                "one line per step. Did the model get better? Later steps score higher "
+                "(accuracy) or lower (loss, perplexity). Guide: docs/eval.md",
+                "none",
+                [target(_series("kitchen_eval_score"), "{{task}} {{metric}} step {{step}}")],
+            )
+        )
         .with_row(dashboard.Row("Memory, data and optimizer"))
         .with_panel(
             timeseries_panel(
