@@ -114,6 +114,17 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "top_p": Field(0.95, 0, 1, low_open=True),
         "seed": Field(0, 0, INT64_MAX),
     },
+    "vision": {  # #16 VLM
+        "image_size": Field(32, 4, 1024),
+        "patch_size": Field(4, 1, 256),
+        "dim": Field(128, 2, 1 << 16),
+        "n_layers": Field(2, 1, 1024),
+        "n_heads": Field(4, 1, 1024),
+        "pixel_shuffle": Field(2, 1, 16),
+        "train_encoder": Field(True),
+        "image_field": Field("image"),
+        "type_field": Field("type"),
+    },
 }
 
 # Enum fields whose UNSPECIFIED value means a named default (written beside the UNSPECIFIED
@@ -124,6 +135,8 @@ ENUM_DEFAULTS: dict[tuple[str, str], str] = {
     ("data", "packing"): "BEST_FIT",
     ("optim", "schedule"): "COSINE",
     ("train", "recompute"): "NONE",
+    ("vision", "stage"): "ALIGN",
+    ("vision", "bad_images"): "SKIP_BAD",
 }
 
 # train.dtype spellings -> torch dtype names ("" = automatic: bf16 on CUDA, fp32 elsewhere).

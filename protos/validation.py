@@ -211,6 +211,7 @@ def validate_trainer(
     validate_data(d)
     for section in ("model", "optim", "train", "checkpoint", "generate"):
         _ranges(getattr(cfg, section), section, f"trainer.{section}")
+    validate_vision(cfg, kind)  # #16
     if kind == job_pb2.SFT:
         _check(
             d.format == trainer_config_pb2.JSONL_CHAT,
@@ -248,3 +249,32 @@ def validate_trainer(
         f"SINGLE with {world_size} processes would train {world_size} unrelated models: "
         "use DDP or FSDP",
     )
+
+
+_IMAGE_FORMATS = (trainer_config_pb2.JSONL_IMAGE, trainer_config_pb2.IMAGE_DIR)
+
+
+def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind) -> None:
+    """#16: the vision section, and which jobs read images."""
+    v, fmt = cfg.vision, cfg.data.format
+    _ranges(v, "vision", "trainer.vision")
+    if kind == job_pb2.VLM:
+        _check(
+            fmt in _IMAGE_FORMATS,
+            "trainer.data.format",
+            "a VLM trains on images: use JSONL_IMAGE or IMAGE_DIR, not " + enums.enum_name(cfg.data, "format"),
+        )
+    if kind in (job_pb2.PRETRAIN, job_pb2.SFT):
+        _check(fmt not in _IMAGE_FORMATS, "trainer.data.format", f"{enums.enum_name(cfg.data, 'format')} holds images: train them with kind VLM")
+    _check(
+        v.image_size % v.patch_size == 0,
+        "trainer.vision.patch_size",
+        f"{v.patch_size} does not divide image_size {v.image_size}",
+    )
+    grid = v.image_size // v.patch_size
+    _check(
+        grid % v.pixel_shuffle == 0,
+        "trainer.vision.pixel_shuffle",
+        f"{v.pixel_shuffle} does not divide the {grid} x {grid} patch grid",
+    )
+    _check(v.dim % v.n_heads == 0, "trainer.vision.n_heads", f"{v.n_heads} does not divide dim {v.dim}")

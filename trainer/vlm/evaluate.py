@@ -1,0 +1,102 @@
+"""Does the model use the image? Answer accuracy per question type on held-out images, beside
+chance and beside the same model shown a blank image.
+
+Each held-out question is answered greedily (at most as many tokens as the longest answer of
+its type, stopping at <eos>) and counted right when the decoded answer equals the reference.
+Chance is a uniform guess among the answers of that type seen in training. The blank-image
+baseline asks the same questions with every image replaced by one flat color (the mean of the
+training images): what the language model can answer from the question alone, its priors. A
+model that reads the image beats it; one that only learned the answer distribution does not.
+"""
+
+import numpy as np
+import torch
+
+from protos.trainer_config_pb2 import TrainerConfig
+from trainer.data.image_loader import ImageSplit
+from trainer.data.tokenizer import load_tokenizer
+
+REPORT = "vlm_eval.json"
+BATCH = 64
+
+
+@torch.no_grad()
+def answer(model, images: torch.Tensor, prompts: torch.Tensor, max_new: int, eos_id: int) -> list[list[int]]:
+    """Greedy answers (token ids, <eos> excluded) to equal-length prompts, one per image."""
+    ids = prompts
+    for _ in range(max_new):
+        logits = model(images, ids)[:, -1]
+        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
+    out = []
+    for row in ids[:, prompts.shape[1] :].tolist():
+        out.append(row[: row.index(eos_id)] if eos_id in row else row)
+    return out
+
+
+def _questions(split: ImageSplit):
+    """(row, prompt ids, answer ids) of every held-out row that has a question type."""
+    for r in np.flatnonzero(split.rows[:, 2] >= 0):
+        targets = np.flatnonzero(split.targets[r])
+        n = int(split.rows[r, 1])
+        if len(targets) == 0:
+            continue
+        first = int(targets[0])
+        yield int(r), split.tokens[r, :first].tolist(), split.tokens[r, first : n - 1].tolist()
+
+
+def evaluate(model, dataset: str, cfg: TrainerConfig, device, examples: int = 8) -> dict:
+    """Accuracy per question type (with chance and the blank-image baseline) as a dict."""
+    model.eval()
+    tok = load_tokenizer(dataset)
+    train, held = ImageSplit(dataset, "train"), ImageSplit(dataset, "eval")
+    types = held.manifest.question_types
+    answers: dict[int, set] = {q: set() for q in range(len(types))}
+    for r, _, ans in _questions(train):
+        answers[int(train.rows[r, 2])].add(tuple(ans))
+    mean = np.asarray(train.images, dtype=np.float64).mean(axis=(0, 1, 2)) if len(train.images) else 0
+    blank_pixel = torch.tensor(np.round(mean), dtype=torch.uint8)
+    groups: dict[tuple[int, int], list] = {}
+    for r, prompt, ans in _questions(held):
+        groups.setdefault((int(held.rows[r, 2]), len(prompt)), []).append((r, prompt, ans))
+    right = {q: [0, 0, 0] for q in range(len(types))}  # image right, blank right, asked
+    shown = []
+    for (q, _), items in sorted(groups.items()):
+        longest = max((len(a) for a in answers[q]), default=4) + 1
+        for i in range(0, len(items), BATCH):
+            chunk = items[i : i + BATCH]
+            rows = np.array([c[0] for c in chunk])
+            images = torch.from_numpy(np.ascontiguousarray(held.images[held.rows[rows, 0]])).to(device)
+            prompts = torch.tensor([c[1] for c in chunk], device=device)
+            blank = blank_pixel.to(device).expand_as(images).contiguous()
+            seen = answer(model, images, prompts, longest, tok.eos_id)
+            guessed = answer(model, blank, prompts, longest, tok.eos_id)
+            for (r, prompt, ans), a, b in zip(chunk, seen, guessed, strict=True):
+                right[q][0] += a == ans
+                right[q][1] += b == ans
+                right[q][2] += 1
+                if len(shown) < examples and all(s["type"] != types[q] for s in shown[-1:]):
+                    shown.append(
+                        {"image": int(held.rows[r, 0]), "type": types[q], "question": tok.decode(prompt), "answer": tok.decode(ans), "model": tok.decode(a), "blank": tok.decode(b)}
+                    )
+    model.train()
+    per_type = {
+        types[q]: {
+            "questions": n,
+            "accuracy": ok / n,
+            "blank_image_accuracy": blank_ok / n,
+            "chance": 1 / max(len(answers[q]), 1),
+        }
+        for q, (ok, blank_ok, n) in right.items()
+        if n
+    }
+    return {"per_type": per_type, "examples": shown}
+
+
+def describe(report: dict) -> str:
+    lines = ["held-out answer accuracy (image / blank image / chance):"]
+    for name, r in report["per_type"].items():
+        lines.append(
+            f"  {name:<9} {r['accuracy']:6.1%} / {r['blank_image_accuracy']:6.1%} / "
+            f"{r['chance']:5.1%}  ({r['questions']} questions)"
+        )
+    return "\n".join(lines)
