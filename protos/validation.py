@@ -262,10 +262,15 @@ def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind
         _check(
             fmt in _IMAGE_FORMATS,
             "trainer.data.format",
-            "a VLM trains on images: use JSONL_IMAGE or IMAGE_DIR, not " + enums.enum_name(cfg.data, "format"),
+            "a VLM trains on images: use JSONL_IMAGE or IMAGE_DIR, not "
+            + enums.enum_name(cfg.data, "format"),
         )
     if kind in (job_pb2.PRETRAIN, job_pb2.SFT):
-        _check(fmt not in _IMAGE_FORMATS, "trainer.data.format", f"{enums.enum_name(cfg.data, 'format')} holds images: train them with kind VLM")
+        _check(
+            fmt not in _IMAGE_FORMATS,
+            "trainer.data.format",
+            f"{enums.enum_name(cfg.data, 'format')} holds images: train them with kind VLM",
+        )
     _check(
         v.image_size % v.patch_size == 0,
         "trainer.vision.patch_size",
@@ -277,4 +282,6 @@ def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind
         "trainer.vision.pixel_shuffle",
         f"{v.pixel_shuffle} does not divide the {grid} x {grid} patch grid",
     )
-    _check(v.dim % v.n_heads == 0, "trainer.vision.n_heads", f"{v.n_heads} does not divide dim {v.dim}")
+    _check(
+        v.dim % v.n_heads == 0, "trainer.vision.n_heads", f"{v.n_heads} does not divide dim {v.dim}"
+    )

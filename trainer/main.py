@@ -28,7 +28,6 @@ from protos.config_yaml import ConfigError, load_job_spec
 from protos.exit_codes import ExitCode
 from protos.validation import validate_job_spec
 
-
 IMAGE_FORMATS = (trainer_config_pb2.JSONL_IMAGE, trainer_config_pb2.IMAGE_DIR)  # #16 VLM
 
 

@@ -50,7 +50,9 @@ class ImageRowLoader(PackedRowLoader):
     """PackedRowLoader's order and position over an image+text split (every row the same
     length, so one group of rows)."""
 
-    def __init__(self, dataset_path: str, split="train", batch_size=8, seed=0, rank=0, world_size=1):
+    def __init__(
+        self, dataset_path: str, split="train", batch_size=8, seed=0, rank=0, world_size=1
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size {batch_size} must be at least 1")
         if not 0 <= rank < world_size:

@@ -72,7 +72,9 @@ def read_records(cfg: TrainerConfig) -> tuple[str, str, list[ImageRecord]]:
                 caption = _decode(f.read(), stem + ".txt").strip()
             out.append(ImageRecord(path, path, "", caption, ""))
         if not out:
-            raise DataConfigError("input", f"{d.input!r} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+            raise DataConfigError(
+                "input", f"{d.input!r} holds no images ({', '.join(IMAGE_SUFFIXES)})"
+            )
         return description, root, out
     description, root, paths, _ = resolve_input(d.input, "JSONL")
     out = []
@@ -86,13 +88,20 @@ def read_records(cfg: TrainerConfig) -> tuple[str, str, list[ImageRecord]]:
             try:
                 obj = json.loads(_decode(raw, path, n))
             except json.JSONDecodeError as err:
-                raise CorpusError(f"{where}: invalid JSON ({err.msg} at column {err.colno})") from None
+                raise CorpusError(
+                    f"{where}: invalid JSON ({err.msg} at column {err.colno})"
+                ) from None
             if not isinstance(obj, dict):
                 raise CorpusError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            image = os.path.join(os.path.dirname(path), _field(obj, v.image_field, where, "vision.image_field"))
+            image = os.path.join(
+                os.path.dirname(path), _field(obj, v.image_field, where, "vision.image_field")
+            )
             qtype = obj.get(v.type_field, "")
             if not isinstance(qtype, str):
-                raise CorpusError(f"{where}: field {v.type_field!r} is a {type(qtype).__name__}, expected a string")
+                raise CorpusError(
+                    f"{where}: field {v.type_field!r} is a {type(qtype).__name__}, "
+                    "expected a string"
+                )
             if d.prompt_field in obj:
                 prompt = _field(obj, d.prompt_field, where, "data.prompt_field")
                 text = _field(obj, d.response_field, where, "data.response_field")
@@ -107,11 +116,11 @@ def load_image(path: str, size: int) -> np.ndarray:
     PIL's errors for a file that is not a readable image."""
     from PIL import Image
 
-    with Image.open(path) as im:
-        im = im.convert("RGB")
+    with Image.open(path) as f:
+        im = f.convert("RGB")
         w, h = im.size
         scale = size / min(w, h)
-        im = im.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.BICUBIC)
+        im = im.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BICUBIC)
         left, top = (im.size[0] - size) // 2, (im.size[1] - size) // 2
         return np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.uint8)
 
@@ -185,26 +194,37 @@ def _build(tmp: str, cfg: TrainerConfig, key: str, description: str, inputs, rec
         total = target_total = truncated = 0
         for i, r in enumerate(rows):
             prompt = tok.encode(r.prompt) if r.prompt else []
-            body = [tok.bos_id, *prompt, *tok.encode(r.text), tok.eos_id]
-            mask = [0] * (1 + len(prompt)) + [1] * (len(body) - 1 - len(prompt))
-            total += len(body)
-            truncated += max(len(body) - T, 0)
-            n = min(len(body), T)
-            tokens[i, :n], targets[i, :n] = body[:n], mask[:n]
+            text = [tok.bos_id, *prompt, *tok.encode(r.text), tok.eos_id]
+            mask = [0] * (1 + len(prompt)) + [1] * (len(text) - 1 - len(prompt))
+            total += len(text)
+            truncated += max(len(text) - T, 0)
+            n = min(len(text), T)
+            tokens[i, :n], targets[i, :n] = text[:n], mask[:n]
             target_total += sum(mask[1:n])
             table[i] = (index[r.image], n, qtypes.index(r.qtype) if r.qtype else -1)
         os.makedirs(os.path.join(tmp, split), exist_ok=True)
         stack = np.stack([pixels[p] for p in order]) if order else np.zeros((0, S, S, 3), np.uint8)
         written[f"{split}/images.bin"] = write_bytes(os.path.join(tmp, split, "images.bin"), stack)
         for name, array in (("tokens", tokens), ("targets", targets), ("rows", table)):
-            written[f"{split}/{name}.npy"] = write_npy(os.path.join(tmp, split, f"{name}.npy"), array)
+            written[f"{split}/{name}.npy"] = write_npy(
+                os.path.join(tmp, split, f"{name}.npy"), array
+            )
         splits[split] = ImageSplitStats(len(rows), len(order), total, target_total, truncated)
         say(f"{split}: {len(rows):,} records on {len(order):,} images, {total:,} text tokens")
+        if truncated:
+            say(
+                f"warning: {split}: {truncated:,} text tokens cut at seq_len {T}: "
+                "raise data.seq_len"
+            )
     section = tok.save(tmp)
-    written[section.file] = FileDigest(os.path.getsize(os.path.join(tmp, section.file)), section.sha256)
+    written[section.file] = FileDigest(
+        os.path.getsize(os.path.join(tmp, section.file)), section.sha256
+    )
     body = ImageDatasetManifest(
         key=key,
-        inputs=Inputs(description, enum_name(d, "format"), inputs, sum(f[1] for f in inputs), len(records)),
+        inputs=Inputs(
+            description, enum_name(d, "format"), inputs, sum(f[1] for f in inputs), len(records)
+        ),
         tokenizer=section,
         vocab_size=section.vocab_size,
         image_size=S,
@@ -225,7 +245,9 @@ class PrecookedImages:
     cache_hit: bool
 
 
-def precook_images(cfg: TrainerConfig, cache_dir: str, *, show_progress: bool = True) -> PrecookedImages:
+def precook_images(
+    cfg: TrainerConfig, cache_dir: str, *, show_progress: bool = True
+) -> PrecookedImages:
     """Precook the image+text records of a resolved TrainerConfig under `cache_dir`, or find
     them there. CorpusError / DataConfigError for input that cannot be precooked."""
 
@@ -248,6 +270,8 @@ def precook_images(cfg: TrainerConfig, cache_dir: str, *, show_progress: bool = 
     key = image_dataset_key(cfg, inputs)
     name = f"{cfg.vision.image_size}px-{cfg.data.seq_len}-{key[:16]}"
     build = lambda tmp: _build(tmp, cfg, key, description, inputs, records, say)
-    path, found, hit = cache_mod.Cache(cache_dir).get_or_build(ImageDatasetManifest, name, key, build, say)
+    path, found, hit = cache_mod.Cache(cache_dir).get_or_build(
+        ImageDatasetManifest, name, key, build, say
+    )
     say(f"{'cache hit' if hit else 'built'} in {time.perf_counter() - start:.1f} s: {path}")
     return PrecookedImages(path, found, hit)

@@ -31,7 +31,9 @@ class EncoderBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, P, D = x.shape
         q, k, v = self.qkv(self.attention_norm(x)).view(B, P, 3, self.n_heads, -1).unbind(2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        )
         h = x + self.wo(out.transpose(1, 2).reshape(B, P, D))
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -44,7 +46,9 @@ class VisionEncoder(nn.Module):
         self.grid = cfg.image_size // cfg.patch_size
         self.patch_embed = nn.Conv2d(3, cfg.dim, cfg.patch_size, stride=cfg.patch_size)
         self.position = nn.Parameter(torch.randn(1, self.grid * self.grid, cfg.dim) * 0.02)
-        self.layers = nn.ModuleList(EncoderBlock(cfg.dim, cfg.n_heads, ops) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(
+            EncoderBlock(cfg.dim, cfg.n_heads, ops) for _ in range(cfg.n_layers)
+        )
         self.norm = RMSNorm(cfg.dim, 1e-5, ops)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,9 @@ BATCH = 64
 
 
 @torch.no_grad()
-def answer(model, images: torch.Tensor, prompts: torch.Tensor, max_new: int, eos_id: int) -> list[list[int]]:
+def answer(
+    model, images: torch.Tensor, prompts: torch.Tensor, max_new: int, eos_id: int
+) -> list[list[int]]:
     """Greedy answers (token ids, <eos> excluded) to equal-length prompts, one per image."""
     ids = prompts
     for _ in range(max_new):
@@ -33,14 +35,17 @@ def answer(model, images: torch.Tensor, prompts: torch.Tensor, max_new: int, eos
     return out
 
 
-def _questions(split: ImageSplit):
-    """(row, prompt ids, answer ids) of every held-out row that has a question type."""
+def _questions(split: ImageSplit, eos_id: int):
+    """(row, prompt ids, answer ids) of every row that has a question type and whose answer
+    fits in the row whole (a truncated answer has no <eos>: no reference to compare with)."""
     for r in np.flatnonzero(split.rows[:, 2] >= 0):
         targets = np.flatnonzero(split.targets[r])
         n = int(split.rows[r, 1])
-        if len(targets) == 0:
+        if len(targets) == 0 or split.tokens[r, n - 1] != eos_id:
             continue
         first = int(targets[0])
+        if first <= 1:  # a caption: no question before it
+            continue
         yield int(r), split.tokens[r, :first].tolist(), split.tokens[r, first : n - 1].tolist()
 
 
@@ -51,21 +56,25 @@ def evaluate(model, dataset: str, cfg: TrainerConfig, device, examples: int = 8)
     train, held = ImageSplit(dataset, "train"), ImageSplit(dataset, "eval")
     types = held.manifest.question_types
     answers: dict[int, set] = {q: set() for q in range(len(types))}
-    for r, _, ans in _questions(train):
+    for r, _, ans in _questions(train, tok.eos_id):
         answers[int(train.rows[r, 2])].add(tuple(ans))
-    mean = np.asarray(train.images, dtype=np.float64).mean(axis=(0, 1, 2)) if len(train.images) else 0
+    mean = (
+        np.asarray(train.images, dtype=np.float64).mean(axis=(0, 1, 2)) if len(train.images) else 0
+    )
     blank_pixel = torch.tensor(np.round(mean), dtype=torch.uint8)
     groups: dict[tuple[int, int], list] = {}
-    for r, prompt, ans in _questions(held):
+    for r, prompt, ans in _questions(held, tok.eos_id):
         groups.setdefault((int(held.rows[r, 2]), len(prompt)), []).append((r, prompt, ans))
     right = {q: [0, 0, 0] for q in range(len(types))}  # image right, blank right, asked
-    shown = []
+    shown: list[dict] = []
     for (q, _), items in sorted(groups.items()):
         longest = max((len(a) for a in answers[q]), default=4) + 1
         for i in range(0, len(items), BATCH):
             chunk = items[i : i + BATCH]
             rows = np.array([c[0] for c in chunk])
-            images = torch.from_numpy(np.ascontiguousarray(held.images[held.rows[rows, 0]])).to(device)
+            images = torch.from_numpy(np.ascontiguousarray(held.images[held.rows[rows, 0]])).to(
+                device
+            )
             prompts = torch.tensor([c[1] for c in chunk], device=device)
             blank = blank_pixel.to(device).expand_as(images).contiguous()
             seen = answer(model, images, prompts, longest, tok.eos_id)
@@ -76,7 +85,14 @@ def evaluate(model, dataset: str, cfg: TrainerConfig, device, examples: int = 8)
                 right[q][2] += 1
                 if len(shown) < examples and all(s["type"] != types[q] for s in shown[-1:]):
                     shown.append(
-                        {"image": int(held.rows[r, 0]), "type": types[q], "question": tok.decode(prompt), "answer": tok.decode(ans), "model": tok.decode(a), "blank": tok.decode(b)}
+                        {
+                            "image": int(held.rows[r, 0]),
+                            "type": types[q],
+                            "question": tok.decode(prompt),
+                            "answer": tok.decode(ans),
+                            "model": tok.decode(a),
+                            "blank": tok.decode(b),
+                        }
                     )
     model.train()
     per_type = {

@@ -32,5 +32,7 @@ def generate(model, image: torch.Tensor, prompt: list[int], g: GenerateConfig, s
         if token == stop_id:
             break
         out.append(token)
-        h = model.hidden(lm.tok_embeddings(torch.tensor([[token]], device=device)), cache.pos, cache)
+        h = model.hidden(
+            lm.tok_embeddings(torch.tensor([[token]], device=device)), cache.pos, cache
+        )
     return out, len(out) / max(time.perf_counter() - start, 1e-9)

@@ -4,15 +4,16 @@ VLM checkpoint (kind EVAL on image data), and generate with an image (generate.i
 import os
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from protos import attempt_pb2
+from protos.config_yaml import ConfigError
 from protos.exit_codes import ExitCode
 from protos.files import write_json_atomic
 from protos.trainer_config_pb2 import TrainerConfig
 from trainer.data.images import load_image, precook_images
 from trainer.loop import Outcome
+
 
 def precook(cfg: TrainerConfig, cache: str, env, log):
     """The precooked image+text dataset of `cfg`, built by rank 0 while the others wait."""
@@ -28,7 +29,9 @@ def precook(cfg: TrainerConfig, cache: str, env, log):
     m = ds.manifest
     log(
         f"dataset {ds.path} ({'cache hit' if ds.cache_hit else 'built'}): "
-        + ", ".join(f"{k} {s.records:,} records on {s.images:,} images" for k, s in m.splits.items())
+        + ", ".join(
+            f"{k} {s.records:,} records on {s.images:,} images" for k, s in m.splits.items()
+        )
         + (f"; {len(m.skipped_images)} unreadable images skipped" if m.skipped_images else "")
     )
     return ds
@@ -42,7 +45,13 @@ def train_job(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log, client
     sigterm = loop.install_sigterm_handler()
     launcher_stop = client.stop_requested.is_set if client else (lambda: False)
     outcome = train_vlm(
-        cfg, Path(attempt.run_dir), env, ds.path, ds.manifest.vocab_size, log, client,
+        cfg,
+        Path(attempt.run_dir),
+        env,
+        ds.path,
+        ds.manifest.vocab_size,
+        log,
+        client,
         stop=lambda: sigterm() or launcher_stop(),
     )
     return ExitCode.PREEMPTED if outcome is Outcome.PREEMPTED else ExitCode.OK
@@ -51,26 +60,27 @@ def train_job(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log, client
 def _load(cfg: TrainerConfig, run_dir: Path, env, log):
     """(model, dataset path): the VLM checkpoint of checkpoint.path (or the run's newest)."""
     from trainer import checkpoint
-    from trainer.main import BadInput
     from trainer.vlm.train import build_vlm
 
     found = Path(cfg.checkpoint.path) if cfg.checkpoint.path else None
     if found is None:
         newest = checkpoint.newest_valid(run_dir / "checkpoints", files=("model.pt",), warn=log)
         if newest is None:
-            raise BadInput(f"trainer.checkpoint.path: empty and no checkpoint in {run_dir}")
+            raise ConfigError("trainer.checkpoint.path", f"empty and no checkpoint in {run_dir}")
         found = newest[0]
     try:
         meta = checkpoint.verify(found, files=("model.pt",))
     except checkpoint.CheckpointError as e:
-        raise BadInput(f"trainer.checkpoint.path: {e}") from e
+        raise ConfigError("trainer.checkpoint.path", str(e)) from e
     if meta.kind != "VLM":
-        raise BadInput(f"trainer.checkpoint.path: {found} is a {meta.kind} checkpoint, not a VLM")
+        raise ConfigError(
+            "trainer.checkpoint.path", f"{found} is a {meta.kind} checkpoint, not a VLM"
+        )
     model = build_vlm(cfg, meta.vocab_size, env.device)
     try:
         checkpoint.load_model_state(model, torch.load(found / "model.pt", map_location="cpu"))
     except RuntimeError as e:
-        raise BadInput(f"trainer.vision: does not match the checkpoint {found}: {e}") from e
+        raise ConfigError("trainer.vision", f"does not match the checkpoint {found}: {e}") from e
     log(f"loaded {found} (VLM, step {meta.step})")
     return model.eval(), meta.dataset
 
@@ -91,18 +101,19 @@ def eval_job(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log) -> Exit
 def generate_job(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
     """Answer generate.prompt about generate.image (sampling as text generate does)."""
     from trainer.data.tokenizer import load_tokenizer
-    from trainer.main import BadInput
     from trainer.vlm.generate import generate
 
     model, dataset = _load(cfg, Path(attempt.run_dir), env, log)
     try:
         image = load_image(cfg.generate.image, cfg.vision.image_size)
     except Exception as e:  # PIL raises many kinds
-        raise BadInput(f"trainer.generate.image: {cfg.generate.image}: not a readable image ({e})") from e
+        raise ConfigError(
+            "trainer.generate.image", f"{cfg.generate.image}: not a readable image ({e})"
+        ) from e
     tok = load_tokenizer(dataset)
     g = cfg.generate
     prompt = [tok.bos_id] + tok.encode(g.prompt)
-    new, tokens_per_s = generate(model, torch.from_numpy(np.ascontiguousarray(image)), prompt, g, tok.eos_id)
+    new, tokens_per_s = generate(model, torch.from_numpy(image.copy()), prompt, g, tok.eos_id)
     if env.is_main:
         print(g.prompt + tok.decode(new), flush=True)
     log(f"generated {len(new)} tokens about {g.image} at {tokens_per_s:,.1f} tokens/s")

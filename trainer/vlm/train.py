@@ -31,7 +31,9 @@ from trainer.vlm.model import VisionLanguageModel
 
 def build_vlm(cfg: TrainerConfig, vocab_size: int, device) -> VisionLanguageModel:
     seed_everything(cfg.train.seed)
-    return VisionLanguageModel(cfg, vocab_size, device, enum_name(cfg.train, "recompute")).to(device)
+    return VisionLanguageModel(cfg, vocab_size, device, enum_name(cfg.train, "recompute")).to(
+        device
+    )
 
 
 def load_start(model: VisionLanguageModel, path: Path, cfg: TrainerConfig, vocab_size: int) -> str:
@@ -46,7 +48,9 @@ def load_start(model: VisionLanguageModel, path: Path, cfg: TrainerConfig, vocab
 
 
 class VlmTrainer:
-    def __init__(self, cfg: TrainerConfig, run_dir: Path, env: DistEnv, dataset: str, vocab_size: int, *, log):
+    def __init__(
+        self, cfg: TrainerConfig, run_dir: Path, env: DistEnv, dataset: str, vocab_size: int, *, log
+    ):
         self.cfg, self.env, self.log, self.run_dir = cfg, env, log, Path(run_dir)
         self.dataset, self.vocab_size = dataset, vocab_size
         self.device, self.dtype = env.device, train_dtype(cfg, env.device)
@@ -62,13 +66,17 @@ class VlmTrainer:
         self.model = distributed.wrap(model, parallelism, env, self.dtype)
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.steps)
-        self.loader = ImageRowLoader(dataset, "train", t.micro_batch, t.seed, env.rank, env.world_size)
+        self.loader = ImageRowLoader(
+            dataset, "train", t.micro_batch, t.seed, env.rank, env.world_size
+        )
         self.loader_position = self.loader.state_dict()
-        stats = self.loader.manifest.splits["train"]
+        stats = self.loader.data.manifest.splits["train"]
         text_per_row = (stats.text_tokens - stats.truncated_tokens) / max(stats.records, 1)
         row_tokens = model.image_tokens + text_per_row
         self.flops_per_token = model.flops_per_example(text_per_row) / row_tokens
-        self.checkpointer = checkpoint.Checkpointer(run_dir / "checkpoints", cfg.checkpoint.keep_last, env.is_main)
+        self.checkpointer = checkpoint.Checkpointer(
+            run_dir / "checkpoints", cfg.checkpoint.keep_last, env.is_main
+        )
         self.guard = LossGuard(t.spike_factor, t.max_bad_steps)
         self.goodput = Goodput(process_start_time())
         self.metrics = MetricsLogger(
@@ -93,10 +101,22 @@ class VlmTrainer:
     def save(self) -> Path:
         start = time.perf_counter()
         run = checkpoint.TrainingRun(
-            kind="VLM", model=self.cfg.model, vocab_size=self.vocab_size, dataset=self.dataset, world_size=self.env.world_size
+            kind="VLM",
+            model=self.cfg.model,
+            vocab_size=self.vocab_size,
+            dataset=self.dataset,
+            world_size=self.env.world_size,
         )
-        state = {"scheduler": self.scheduler.state_dict(), "rng": rng_state(self.device), "guard": self.guard.state_dict(), "goodput": self.goodput.state_dict(), "tokens_total": self.tokens_total}
-        path = self.checkpointer.save(self.step, self.model, self.optimizer, state, self.loader_position, run)
+        state = {
+            "scheduler": self.scheduler.state_dict(),
+            "rng": rng_state(self.device),
+            "guard": self.guard.state_dict(),
+            "goodput": self.goodput.state_dict(),
+            "tokens_total": self.tokens_total,
+        }
+        path = self.checkpointer.save(
+            self.step, self.model, self.optimizer, state, self.loader_position, run
+        )
         self.goodput.add("checkpoint_save", time.perf_counter() - start)
         self.goodput.checkpointed()
         return path
@@ -121,7 +141,11 @@ class VlmTrainer:
     def train_step(self, batches: list[dict]) -> tuple[float, float, int]:
         """(mean loss, grad norm, labelled tokens of the global batch)."""
         n_local = sum(int((b["labels"] != -100).sum()) for b in batches)
-        n = float(distributed.all_reduce_sum(torch.tensor([n_local], dtype=torch.float64, device=self.device))[0])
+        n = float(
+            distributed.all_reduce_sum(
+                torch.tensor([n_local], dtype=torch.float64, device=self.device)
+            )[0]
+        )
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         for k, b in enumerate(batches):
             b = {key: t.to(self.device) for key, t in b.items()}
@@ -131,7 +155,9 @@ class VlmTrainer:
             loss_sum += loss.detach()
         total = float(distributed.all_reduce_sum(loss_sum.view(1))[0])
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip or math.inf))
+        grad_norm = float(
+            torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip or math.inf)
+        )
         return total / max(n, 1.0), grad_norm, int(n)
 
     def run(self) -> Outcome:
@@ -160,16 +186,36 @@ class VlmTrainer:
             self.goodput.add("data", data_s)
             self.goodput.add("productive" if verdict is Verdict.OK else "lost", step_s - data_s)
             rows = sum(len(b["input_ids"]) for b in batches) * self.env.world_size
-            text = sum(int((b["input_ids"] != self.loader.pad_id).sum()) for b in batches) * self.env.world_size
+            text = (
+                sum(int((b["input_ids"] != self.loader.pad_id).sum()) for b in batches)
+                * self.env.world_size
+            )
             positions = rows * (image_tokens + self.cfg.data.seq_len)
             tokens = rows * image_tokens + text
             self.image_share = rows * image_tokens / max(tokens, 1)
             self.tokens_total += tokens
-            self.metrics.step(tokens=tokens, positions=positions, padding=positions - tokens, loss=loss if verdict is Verdict.OK else None, step_time=step_s, data_time=data_s)
+            self.metrics.step(
+                tokens=tokens,
+                positions=positions,
+                padding=positions - tokens,
+                loss=loss if verdict is Verdict.OK else None,
+                step_time=step_s,
+                data_time=data_s,
+            )
             if verdict is Verdict.ROLLBACK:
-                raise RuntimeError(f"loss guard: {t.max_bad_steps} bad steps in a row at step {self.step}")
+                raise RuntimeError(
+                    f"loss guard: {t.max_bad_steps} bad steps in a row at step {self.step}"
+                )
             if self.step % t.log_every == 0 or self.step in (first + 1, t.steps):
-                p = self.metrics.emit(step=self.step, grad_norm=grad_norm, lr=lr, peak_memory_bytes=peak_memory_bytes(self.device), tokens_total=self.tokens_total, goodput=self.goodput.fraction(), image_token_share=self.image_share)
+                p = self.metrics.emit(
+                    step=self.step,
+                    grad_norm=grad_norm,
+                    lr=lr,
+                    peak_memory_bytes=peak_memory_bytes(self.device),
+                    tokens_total=self.tokens_total,
+                    goodput=self.goodput.fraction(),
+                    image_token_share=self.image_share,
+                )
                 self.log(self.metrics.human_line(p) + f" | image tokens {p.image_token_share:.0%}")
             every = self.cfg.checkpoint.every_steps
             if every and self.step % every == 0 and self.step < t.steps:
@@ -179,7 +225,16 @@ class VlmTrainer:
         return Outcome.DONE
 
 
-def train_vlm(cfg: TrainerConfig, run_dir: Path, env: DistEnv, dataset: str, vocab_size: int, log, client=None, stop=None) -> Outcome:
+def train_vlm(
+    cfg: TrainerConfig,
+    run_dir: Path,
+    env: DistEnv,
+    dataset: str,
+    vocab_size: int,
+    log,
+    client=None,
+    stop=None,
+) -> Outcome:
     """Train the configured stage, then (rank 0) evaluate it on the held-out images."""
     trainer = VlmTrainer(cfg, run_dir, env, dataset, vocab_size, log=log)
     if client is not None:
@@ -193,4 +248,3 @@ def train_vlm(cfg: TrainerConfig, run_dir: Path, env: DistEnv, dataset: str, voc
         log(evaluate.describe(report))
         write_json_atomic(str(run_dir / evaluate.REPORT), report)
     return outcome
-
