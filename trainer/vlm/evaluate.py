@@ -12,7 +12,6 @@ model that reads the image beats it; one that only learned the answer distributi
 import numpy as np
 import torch
 
-from protos.trainer_config_pb2 import TrainerConfig
 from trainer.data.image_loader import ImageSplit
 from trainer.data.tokenizer import load_tokenizer
 
@@ -49,7 +48,7 @@ def _questions(split: ImageSplit, eos_id: int):
         yield int(r), split.tokens[r, :first].tolist(), split.tokens[r, first : n - 1].tolist()
 
 
-def evaluate(model, dataset: str, cfg: TrainerConfig, device, examples: int = 8) -> dict:
+def evaluate(model, dataset: str, device, examples_per_type: int = 2) -> dict:
     """Accuracy per question type (with chance and the blank-image baseline) as a dict."""
     model.eval()
     tok = load_tokenizer(dataset)
@@ -83,10 +82,14 @@ def evaluate(model, dataset: str, cfg: TrainerConfig, device, examples: int = 8)
                 right[q][0] += a == ans
                 right[q][1] += b == ans
                 right[q][2] += 1
-                if len(shown) < examples and all(s["type"] != types[q] for s in shown[-1:]):
+                # a few of each type, each on an image not shown yet
+                image = int(held.rows[r, 0])
+                of_type = sum(s["type"] == types[q] for s in shown)
+                fresh = all(s["image"] != image for s in shown)
+                if fresh and of_type < examples_per_type:
                     shown.append(
                         {
-                            "image": int(held.rows[r, 0]),
+                            "image": image,
                             "type": types[q],
                             "question": tok.decode(prompt),
                             "answer": tok.decode(ans),
@@ -105,7 +108,7 @@ def evaluate(model, dataset: str, cfg: TrainerConfig, device, examples: int = 8)
         for q, (ok, blank_ok, n) in right.items()
         if n
     }
-    return {"per_type": per_type, "examples": shown}
+    return {"dataset": dataset, "per_type": per_type, "examples": shown}
 
 
 def describe(report: dict) -> str:

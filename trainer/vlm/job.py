@@ -91,7 +91,7 @@ def eval_job(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log) -> Exit
     model, dataset = _load(cfg, Path(attempt.run_dir), env, log)
     if not Path(dataset).exists():
         dataset = precook(cfg, attempt.cache_dir, env, log).path
-    report = evaluate.evaluate(model, dataset, cfg, env.device)
+    report = evaluate.evaluate(model, dataset, env.device)
     log(evaluate.describe(report))
     if env.is_main:
         write_json_atomic(str(Path(attempt.run_dir) / evaluate.REPORT), report)

@@ -244,7 +244,7 @@ def train_vlm(
     trainer.resume_or_init()
     outcome = trainer.run()
     if outcome is Outcome.DONE and env.is_main:
-        report = evaluate.evaluate(trainer.raw, dataset, cfg, env.device)
+        report = evaluate.evaluate(trainer.raw, dataset, env.device)
         log(evaluate.describe(report))
         write_json_atomic(str(run_dir / evaluate.REPORT), report)
     return outcome
