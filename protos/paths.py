@@ -21,6 +21,7 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
     ("data", "tokenizer_path"),
     ("data", "cache_dir"),
     ("checkpoint", "path"),
+    ("generate", "image"),  # #16 VLM
 )
 STATE_DIR_ENV = "KITCHEN_STATE_DIR"
 
