@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from protos.config_yaml import ConfigError
 from protos.enums import enum_name
 from protos.files import write_json_atomic
 from protos.trainer_config_pb2 import TrainerConfig
@@ -41,7 +42,10 @@ def load_start(model: VisionLanguageModel, path: Path, cfg: TrainerConfig, vocab
     meta = checkpoint.pretrained(path, cfg.model, vocab_size)
     state = torch.load(path / "model.pt", map_location="cpu", mmap=True)
     if meta.kind == "VLM":
-        checkpoint.load_model_state(model, state)
+        try:
+            checkpoint.load_model_state(model, state)
+        except RuntimeError as e:  # another encoder or projector shape
+            raise ConfigError("trainer.vision", f"does not match the VLM of {path}: {e}") from e
         return f"the VLM of {path} (step {meta.step})"
     checkpoint.load_model_state(model.lm, state)
     return f"the language model of {path} ({meta.kind}, step {meta.step})"
