@@ -120,7 +120,9 @@ def load_image(path: str, size: int) -> np.ndarray:
         im = f.convert("RGB")
         w, h = im.size
         scale = size / min(w, h)
-        im = im.resize((max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BICUBIC)
+        im = im.resize(
+            (max(size, round(w * scale)), max(size, round(h * scale))), Image.Resampling.BICUBIC
+        )
         left, top = (im.size[0] - size) // 2, (im.size[1] - size) // 2
         return np.asarray(im.crop((left, top, left + size, top + size)), dtype=np.uint8)
 

@@ -18,7 +18,7 @@ from trainer.vlm import scenes
 def config(input_path, fmt="JSONL_IMAGE", **vision) -> trainer_config_pb2.TrainerConfig:
     cfg = trainer_config_pb2.TrainerConfig()
     cfg.data.input = str(input_path)
-    cfg.data.format = trainer_config_pb2.InputFormat.Value(fmt)
+    cfg.data.format = getattr(trainer_config_pb2, fmt)
     cfg.data.vocab_size = 300
     cfg.data.seq_len = 64
     cfg.data.eval_fraction = 0.25
