@@ -251,7 +251,8 @@ def validate_trainer(
     )
 
 
-_IMAGE_FORMATS = (trainer_config_pb2.JSONL_IMAGE, trainer_config_pb2.IMAGE_DIR)
+# #16: the data formats that hold images (read by trainer/data/images.py)
+IMAGE_FORMATS = (trainer_config_pb2.JSONL_IMAGE, trainer_config_pb2.IMAGE_DIR)
 
 
 def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind) -> None:
@@ -260,14 +261,14 @@ def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind
     _ranges(v, "vision", "trainer.vision")
     if kind == job_pb2.VLM:
         _check(
-            fmt in _IMAGE_FORMATS,
+            fmt in IMAGE_FORMATS,
             "trainer.data.format",
             "a VLM trains on images: use JSONL_IMAGE or IMAGE_DIR, not "
             + enums.enum_name(cfg.data, "format"),
         )
     if kind in (job_pb2.PRETRAIN, job_pb2.SFT):
         _check(
-            fmt not in _IMAGE_FORMATS,
+            fmt not in IMAGE_FORMATS,
             "trainer.data.format",
             f"{enums.enum_name(cfg.data, 'format')} holds images: train them with kind VLM",
         )

@@ -23,12 +23,10 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from protos import attempt_pb2, job_pb2, paths, trainer_config_pb2
+from protos import attempt_pb2, job_pb2, paths
 from protos.config_yaml import ConfigError, load_job_spec
 from protos.exit_codes import ExitCode
 from protos.validation import validate_job_spec
-
-IMAGE_FORMATS = (trainer_config_pb2.JSONL_IMAGE, trainer_config_pb2.IMAGE_DIR)  # #16 VLM
 
 
 class BadInput(Exception):
@@ -200,8 +198,10 @@ def generate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
 def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     """The job of `attempt.spec.kind`."""
     kind = attempt.spec.kind
-    if kind == job_pb2.VLM or cfg.data.format in IMAGE_FORMATS or cfg.generate.image:  # #16
-        return vlm_dispatch(cfg, attempt, env, log, client)
+    from trainer.vlm import job as vlm  # #16: a VLM stage, or precook/eval/generate on images
+
+    if vlm.handles(kind, cfg):
+        return vlm.run(cfg, attempt, env, log, client)
     if kind == job_pb2.PRECOOK:
         counts = precook(cfg, attempt.cache_dir, env, log).manifest.counts
         log(
@@ -214,23 +214,6 @@ def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     if kind == job_pb2.EVAL:
         return evaluate_job(cfg, attempt, env, log)
     return generate_job(cfg, attempt, env, log)
-
-
-def vlm_dispatch(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
-    """#16: a VLM stage, precook, eval or generate on image data (trainer/vlm/job.py)."""
-    from trainer.vlm import job
-
-    kind = attempt.spec.kind
-    if kind == job_pb2.VLM:
-        return job.train_job(cfg, attempt, env, log, client)
-    if kind == job_pb2.PRECOOK:
-        job.precook(cfg, attempt.cache_dir, env, log)
-        return ExitCode.OK
-    if kind == job_pb2.EVAL:
-        return job.eval_job(cfg, attempt, env, log)
-    if kind == job_pb2.GENERATE:
-        return job.generate_job(cfg, attempt, env, log)
-    raise BadInput(f"trainer.data.format: {job_pb2.JobKind.Name(kind)} does not read images")
 
 
 def parse_args(argv):

@@ -170,7 +170,7 @@ class ImageDatasetManifest:
     vocab_size: int
     image_size: int  # images are image_size x image_size x 3, uint8
     seq_len: int  # text tokens per row (image tokens come on top, from the model's config)
-    question_types: list[str]  # qtype.npy holds an index into this list (-1: none)
+    question_types: list[str]  # rows.npy's third column indexes this list (-1: none)
     skipped_images: list[str]  # "file:line: reason" of every image skipped
     splits: dict[str, ImageSplitStats]
     files: dict[str, FileDigest]

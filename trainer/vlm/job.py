@@ -6,13 +6,35 @@ from pathlib import Path
 
 import torch
 
-from protos import attempt_pb2
+from protos import attempt_pb2, job_pb2
 from protos.config_yaml import ConfigError
 from protos.exit_codes import ExitCode
 from protos.files import write_json_atomic
 from protos.trainer_config_pb2 import TrainerConfig
+from protos.validation import IMAGE_FORMATS
 from trainer.data.images import load_image, precook_images
 from trainer.loop import Outcome
+
+
+def handles(kind: int, cfg: TrainerConfig) -> bool:
+    """Whether trainer/main.py hands this job here: kind VLM, or any job on image data, or
+    generate with an image."""
+    return kind == job_pb2.VLM or cfg.data.format in IMAGE_FORMATS or bool(cfg.generate.image)
+
+
+def run(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
+    kind = attempt.spec.kind
+    if kind == job_pb2.VLM:
+        return train_job(cfg, attempt, env, log, client)
+    if kind == job_pb2.PRECOOK:
+        precook(cfg, attempt.cache_dir, env, log)
+        return ExitCode.OK
+    if kind == job_pb2.EVAL:
+        return eval_job(cfg, attempt, env, log)
+    if kind == job_pb2.GENERATE:
+        return generate_job(cfg, attempt, env, log)
+    name = job_pb2.JobKind.Name(kind)
+    raise ConfigError("trainer.data.format", f"a {name} job does not read images")
 
 
 def precook(cfg: TrainerConfig, cache: str, env, log):
