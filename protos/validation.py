@@ -158,6 +158,12 @@ def resolve_data(data: trainer_config_pb2.DataConfig) -> trainer_config_pb2.Data
     check_wire(data, "data")
     out = defaults.data_with_defaults(data)
     validate_data(out, "data")
+    _check(  # #16: images need the vision section (image size): a job through `train`
+        out.format not in IMAGE_FORMATS,
+        "data.format",
+        f"{enums.enum_name(out, 'format')} holds images: precook it with a job (kind PRECOOK "
+        "or VLM) run by `train`, which has the trainer.vision section",
+    )
     return out
 
 

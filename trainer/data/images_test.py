@@ -129,3 +129,12 @@ def test_loader_labels_only_targets_and_resumes_exactly(scene_dir, tmp_path):
     assert (b["labels"][:, :-1][labelled[:, :-1]] == b["input_ids"][:, 1:][labelled[:, :-1]]).all()
     question = b["qtype"] >= 0
     assert labelled.sum(1).min() >= 1 and question.any()
+
+
+def test_text_precook_refuses_image_formats_naming_the_field():
+    from protos.config_yaml import ConfigError
+    from protos.validation import resolve_data
+
+    data = trainer_config_pb2.DataConfig(format=trainer_config_pb2.JSONL_IMAGE, input="x.jsonl")
+    with pytest.raises(ConfigError, match=r"data.format: JSONL_IMAGE holds images"):
+        resolve_data(data)
