@@ -10,6 +10,7 @@ dataset's eval split, and writes a small PNG (each image scaled up 4x, nearest n
 import argparse
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -60,7 +61,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     buf = io.BytesIO()
     draw(report).save(buf, format="PNG")
-    write_atomic(user_path(args.out), buf.getvalue())
+    out = user_path(args.out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    write_atomic(out, buf.getvalue())
     print(f"wrote {len(report['examples'])} answered images to {args.out}")
     return 0
 
