@@ -70,6 +70,9 @@ class VisionLanguageModel(nn.Module):
             return nn.functional.linear(h, weight).float()
         pad = labels.new_full((labels.shape[0], self.image_tokens), IGNORE)
         full = torch.cat([pad, labels], 1)
+        if torch.is_autocast_enabled(h.device.type):  # as Transformer.forward: one dtype
+            dtype = torch.get_autocast_dtype(h.device.type)
+            h, weight = h.to(dtype), weight.to(dtype)
         return self.lm.ops.fused_linear_cross_entropy(
             h.reshape(-1, h.shape[-1]), weight, full.reshape(-1), reduction="sum"
         )

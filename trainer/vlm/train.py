@@ -151,9 +151,13 @@ class VlmTrainer:
             )[0]
         )
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
+        # bf16 autocast on CUDA, fp32 on CPU, as the text trainer (loop.py) does
+        autocast = torch.autocast(
+            self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
+        )
         for k, b in enumerate(batches):
             b = {key: t.to(self.device) for key, t in b.items()}
-            with distributed.gradient_sync(self.model, k == len(batches) - 1):
+            with distributed.gradient_sync(self.model, k == len(batches) - 1), autocast:
                 loss = self.model(b["images"], b["input_ids"], b["labels"])
             (loss * (self.env.world_size / max(n, 1.0))).backward()
             loss_sum += loss.detach()
