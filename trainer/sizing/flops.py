@@ -183,3 +183,9 @@ def vision_flops_per_image(
     """
     encoder = flops_per_token(encoder_matmul_params, n_layers, n_heads, head_dim, patches)
     return encoder * patches + 6.0 * projector_matmul_params * image_tokens
+
+
+def vlm_flops_per_row(vision_per_image: float, lm_flops_per_token: float, tokens: float) -> float:
+    """Training FLOPs of one VLM row: its image through the encoder and projector
+    (`vision_flops_per_image`), and the LM over its `tokens` (image tokens + text)."""
+    return vision_per_image + lm_flops_per_token * tokens

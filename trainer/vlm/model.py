@@ -109,4 +109,4 @@ class VisionLanguageModel(nn.Module):
             m.dim // m.n_heads,
             self.cfg.data.seq_len + self.image_tokens,
         )
-        return vision + per_token * (self.image_tokens + text_tokens)
+        return flops.vlm_flops_per_row(vision, per_token, self.image_tokens + text_tokens)

@@ -68,3 +68,27 @@ def test_vision_flops_count_the_encoder_on_every_patch_and_the_projector_per_tok
     assert got == by_hand
     lm_token = flops.flops_per_token(model.lm.matmul_params(), 1, 2, 16, 8 + 16)
     assert model.flops_per_example(5) == pytest.approx(got + lm_token * (16 + 5))
+
+
+def test_the_planner_counts_the_vlm_as_the_trainer_does():
+    """trainer/sizing's parameter count of the encoder and projector is the model's, and a
+    plan's FLOPs per token for a full row are the trainer's (one formula for both)."""
+    from trainer.sizing import plan
+    from trainer.sizing.params import vision_matmul_params
+
+    cfg = config()
+    model = VisionLanguageModel(cfg, 300, torch.device("cpu"))
+    v, m = cfg.vision, cfg.model
+    counted = vision_matmul_params(
+        v.image_size, v.patch_size, v.dim, v.n_layers, v.pixel_shuffle, m.dim
+    )
+    assert counted == (model.encoder.matmul_params(), model.projector.matmul_params())
+    T = cfg.data.seq_len + model.image_tokens
+    args = plan.build_parser().parse_args(
+        f"--layers 1 --dim 32 --heads 2 --vocab 300 --seq-len {T} --gpu cpu --gpus 1 "
+        f"--tokens 1M --image-size {v.image_size} --patch-size {v.patch_size} "
+        f"--vision-dim {v.dim} --vision-layers {v.n_layers} --vision-heads {v.n_heads} "
+        f"--pixel-shuffle {v.pixel_shuffle}".split()
+    )
+    planned = plan.make_plan(args).compute.flops_per_token.value
+    assert planned == pytest.approx(model.flops_per_example(cfg.data.seq_len) / T)
