@@ -48,6 +48,7 @@ GUIDES = (
     "rlhf.md",
     "moe.md",
     "interop.md",
+    "vlm.md",
 )
 # Each test target (docs/BUILD.bazel, GUIDE_GROUPS) runs one group: the guides a group's last
 # ones need, in the order above, in one fresh workspace. A guide that only needs the precooked

@@ -74,6 +74,11 @@ _GAUGES = [
     ("kitchen_train_padding_ratio", "Share of batch tokens that are padding.", "padding_fraction"),
     ("kitchen_train_grad_norm", "Gradient norm before clipping.", "grad_norm"),
     ("kitchen_train_learning_rate", "Learning rate.", "lr"),
+    (
+        "kitchen_train_image_token_share_ratio",
+        "VLM: image tokens / all tokens, 0-1.",
+        "image_token_share",
+    ),
 ]
 # #14 RLHF (REWARD, DPO, PPO jobs): exported once a job reports them, each holding its newest
 # non-zero value (train and eval records carry different ones; other kinds have none).

@@ -157,6 +157,17 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "limit": Field(0, 0, INT32_MAX),
         "batch_size": Field(8, 1, 1 << 16),
     },
+    "vision": {  # #16 VLM
+        "image_size": Field(32, 4, 1024),
+        "patch_size": Field(4, 1, 256),
+        "dim": Field(128, 2, 1 << 16),
+        "n_layers": Field(2, 1, 1024),
+        "n_heads": Field(4, 1, 1024),
+        "pixel_shuffle": Field(2, 1, 16),
+        "train_encoder": Field(True),
+        "image_field": Field("image"),
+        "type_field": Field("type"),
+    },
 }
 
 # Enum fields whose UNSPECIFIED value means a named default (written beside the UNSPECIFIED
@@ -172,6 +183,8 @@ ENUM_DEFAULTS: dict[tuple[str, str], str] = {
     ("rl", "algorithm"): "CLIPPED_PPO",
     ("model", "moe_gate"): "SOFTMAX",
     ("model", "moe_balance"): "AUX_LOSS",
+    ("vision", "stage"): "ALIGN",
+    ("vision", "bad_images"): "SKIP_BAD",
 }
 
 # train.dtype spellings -> torch dtype names ("" = automatic: bf16 on CUDA, fp32 elsewhere).

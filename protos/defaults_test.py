@@ -17,6 +17,7 @@ SECTION_OF.update(TrainConfig="train", CheckpointConfig="checkpoint", GenerateCo
 SECTION_OF.update(HealthConfig="health")
 SECTION_OF["RlConfig"] = "rl"
 SECTION_OF.update(EvalConfig="eval")
+SECTION_OF.update(VisionConfig="vision")  # #16
 
 
 def _literal(type_name: str, text: str):

@@ -30,6 +30,7 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
     ("hf", "path"),
     ("eval", "tasks_dir"),
     ("eval", "sweep"),
+    ("generate", "image"),  # #16 VLM
 )
 # (section, repeated message field, path field in each item): every mixture source's input.
 REPEATED_PATH_FIELDS: tuple[tuple[str, str, str], ...] = (("data", "sources", "input"),)

@@ -158,6 +158,12 @@ def resolve_data(data: trainer_config_pb2.DataConfig) -> trainer_config_pb2.Data
     check_wire(data, "data")
     out = defaults.data_with_defaults(data)
     validate_data(out, "data")
+    _check(  # #16: images need the vision section (image size): a job through `train`
+        out.format not in IMAGE_FORMATS,
+        "data.format",
+        f"{enums.enum_name(out, 'format')} holds images: precook it with a job (kind PRECOOK "
+        "or VLM) run by `train`, which has the trainer.vision section",
+    )
     return out
 
 
@@ -249,6 +255,7 @@ def validate_trainer(
     _ranges(cfg.eval, "eval", "trainer.eval")
     if kind == job_pb2.IMPORT:
         _check(bool(cfg.hf.path), "trainer.hf.path", "IMPORT reads a Hugging Face model directory")
+    validate_vision(cfg, kind)  # #16
     if kind == job_pb2.SFT:
         _check(
             d.format == trainer_config_pb2.JSONL_CHAT,
@@ -371,3 +378,40 @@ def validate_rl(
             "trainer.rl.group_size",
             f"{rl.group_size}: GRPO normalizes rewards within a group, it needs at least 2",
         )
+
+
+# #16: the data formats that hold images (read by trainer/data/images.py)
+IMAGE_FORMATS = (trainer_config_pb2.JSONL_IMAGE, trainer_config_pb2.IMAGE_DIR)
+
+
+def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind) -> None:
+    """#16: the vision section, and which jobs read images."""
+    v, fmt = cfg.vision, cfg.data.format
+    _ranges(v, "vision", "trainer.vision")
+    if kind == job_pb2.VLM:
+        _check(
+            fmt in IMAGE_FORMATS,
+            "trainer.data.format",
+            "a VLM trains on images: use JSONL_IMAGE or IMAGE_DIR, not "
+            + enums.enum_name(cfg.data, "format"),
+        )
+    if kind in (job_pb2.PRETRAIN, job_pb2.SFT):
+        _check(
+            fmt not in IMAGE_FORMATS,
+            "trainer.data.format",
+            f"{enums.enum_name(cfg.data, 'format')} holds images: train them with kind VLM",
+        )
+    _check(
+        v.image_size % v.patch_size == 0,
+        "trainer.vision.patch_size",
+        f"{v.patch_size} does not divide image_size {v.image_size}",
+    )
+    grid = v.image_size // v.patch_size
+    _check(
+        grid % v.pixel_shuffle == 0,
+        "trainer.vision.pixel_shuffle",
+        f"{v.pixel_shuffle} does not divide the {grid} x {grid} patch grid",
+    )
+    _check(
+        v.dim % v.n_heads == 0, "trainer.vision.n_heads", f"{v.n_heads} does not divide dim {v.dim}"
+    )

@@ -260,6 +260,10 @@ def import_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
 def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     """The job of `attempt.spec.kind`."""
     kind = attempt.spec.kind
+    from trainer.vlm import job as vlm  # #16: a VLM stage, or precook/eval/generate on images
+
+    if vlm.handles(kind, cfg):
+        return vlm.run(cfg, attempt, env, log, client)
     if kind == job_pb2.PRECOOK:
         counts = precook(cfg, attempt.cache_dir, env, log).manifest.counts
         log(

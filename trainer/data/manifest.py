@@ -153,8 +153,38 @@ class DatasetManifest:
     sources: dict[str, SourceStats] | None = field(default=None, metadata=_OMIT_IF_NONE)
 
 
-Manifest = TokenizedManifest | DatasetManifest
-M = TypeVar("M", TokenizedManifest, DatasetManifest)
+@dataclass(frozen=True)
+class ImageSplitStats:
+    """One split of an image+text dataset (trainer/data/images.py)."""
+
+    records: int  # image+text rows
+    images: int  # distinct images
+    text_tokens: int  # before truncation to seq_len
+    target_tokens: int  # text tokens that are a target of the loss
+    truncated_tokens: int
+
+
+@dataclass(frozen=True)
+class ImageDatasetManifest:
+    """An image+text dataset: uint8 images and text rows, one record per row (images.py)."""
+
+    KIND: ClassVar[str] = "image_dataset"
+    CACHE_DIR: ClassVar[str] = "image_datasets"
+
+    key: str  # the cache key: every input byte (records and images), tokenizer, sizes
+    inputs: Inputs
+    tokenizer: TokenizerSection
+    vocab_size: int
+    image_size: int  # images are image_size x image_size x 3, uint8
+    seq_len: int  # text tokens per row (image tokens come on top, from the model's config)
+    question_types: list[str]  # rows.npy's third column indexes this list (-1: none)
+    skipped_images: list[str]  # "file:line: reason" of every image skipped
+    splits: dict[str, ImageSplitStats]
+    files: dict[str, FileDigest]
+
+
+Manifest = TokenizedManifest | DatasetManifest | ImageDatasetManifest
+M = TypeVar("M", TokenizedManifest, DatasetManifest, ImageDatasetManifest)
 
 
 def to_json(obj: Any) -> Any:

@@ -160,3 +160,32 @@ def _time_matmul(a, b, device) -> float:
     a @ b
     _synchronize(device)
     return max(time.perf_counter() - start, 1e-9)
+
+
+def vision_flops_per_image(
+    encoder_matmul_params: float,
+    n_layers: int,
+    n_heads: int,
+    head_dim: int,
+    patches: int,
+    projector_matmul_params: float,
+    image_tokens: int,
+) -> float:
+    """Training FLOPs of one image through a ViT encoder and its projector (#16, VLM).
+
+    The encoder is a Transformer over `patches` tokens: `flops_per_token` at T = patches (its
+    attention is bidirectional, so the full P x P score matrix PaLM counts is really computed),
+    times the patches; the projector's MLP runs once per image token after pixel shuffle:
+    6 FLOPs per weight per token. The LM's share of an image is `image_tokens` ordinary tokens
+    (`flops_per_token`). Frozen parts still cost their forward and the backward to their input;
+    counted as 6·N like the rest, so MFU in an align stage overstates useful work by at most
+    the missing weight gradients (2·N of the frozen LM's 6·N).
+    """
+    encoder = flops_per_token(encoder_matmul_params, n_layers, n_heads, head_dim, patches)
+    return encoder * patches + 6.0 * projector_matmul_params * image_tokens
+
+
+def vlm_flops_per_row(vision_per_image: float, lm_flops_per_token: float, tokens: float) -> float:
+    """Training FLOPs of one VLM row: its image through the encoder and projector
+    (`vision_flops_per_image`), and the LM over its `tokens` (image tokens + text)."""
+    return vision_per_image + lm_flops_per_token * tokens

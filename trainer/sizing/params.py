@@ -8,6 +8,8 @@ projection V·d (the embedding matrix itself when tied).
 
 from dataclasses import dataclass
 
+from protos.defaults import ffn_dim_for
+
 
 @dataclass(frozen=True)
 class ParamCount:
@@ -57,3 +59,19 @@ def llama_param_count(
         output=vocab * dim,
         tied=tie_embeddings,
     )
+
+
+def vision_matmul_params(
+    image_size: int, patch_size: int, dim: int, n_layers: int, pixel_shuffle: int, lm_dim: int
+) -> tuple[int, int]:
+    """(encoder, projector) weights used in matmuls of Kitchen's VLM (trainer/vlm, #16).
+
+    Encoder per block: qkv 3·d² and output d² projections, SwiGLU 3·d·f, two norms 2·d (counted
+    as the decoder's `per_layer` counts them); plus the patch embedding 3·p²·d (a strided
+    convolution: one matmul per patch). Projector: pixel shuffle
+    makes r²·d inputs per image token, then r²·d·D and D·D (D the language model's width).
+    """
+    f = ffn_dim_for(dim)
+    encoder = n_layers * (4 * dim * dim + 3 * dim * f + 2 * dim) + 3 * patch_size * patch_size * dim
+    projector = dim * pixel_shuffle * pixel_shuffle * lm_dim + lm_dim * lm_dim
+    return encoder, projector

@@ -21,7 +21,7 @@ from protos.defaults import SECTIONS, ffn_dim_for
 from trainer.sizing import batch, flops, memory
 from trainer.sizing import moe as moe_sizing
 from trainer.sizing.accelerators import ACCELERATORS, match_accelerator
-from trainer.sizing.params import llama_param_count
+from trainer.sizing.params import llama_param_count, vision_matmul_params
 from trainer.sizing.report import (
     BatchSection,
     ComputeSection,
@@ -123,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--expert-ffn-dim", type=int, help="one expert's width (default: --ffn-dim)")
     e.add_argument("--moe-every", type=int, default=1, help="every k-th layer is MoE (1)")
     e.add_argument("--expert-parallel", type=int, default=1, help="ranks sharing experts (1)")
+
+    v = p.add_argument_group("vision (#16: a VLM, one image at the start of every sequence)")
+    v.add_argument("--image-size", type=int, help="pixels, square (sets a VLM plan)")
+    v.add_argument("--patch-size", type=int, default=16, help="ViT patch (16)")
+    v.add_argument("--vision-dim", type=int, default=768, help="encoder width (768)")
+    v.add_argument("--vision-layers", type=int, default=12, help="encoder layers (12)")
+    v.add_argument("--vision-heads", type=int, default=12, help="encoder heads (12)")
+    v.add_argument("--pixel-shuffle", type=int, default=1, help="image tokens cut by its square")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     return p
 
@@ -225,9 +233,13 @@ def make_plan(a: argparse.Namespace) -> Plan:
 
     fpt = flops.flops_per_token(n, L, H, Q, T)
     attn = flops.flops_per_token(0, L, H, Q, T)  # the attention term alone
+    fpt_formula = "6·N + 12·L·H·Q·T (PaLM app. B; forward + backward)"
+    if a.image_size:  # #16: the encoder's FLOPs spread over the sequence the image starts
+        fpt = _vlm_flops_per_row(a, d, fpt, T) / T
+        fpt_formula += " + vision FLOPs per image / T (flops.vision_flops_per_image)"
     compute = ComputeSection(
         tokens=q(tokens, "tokens", tokens_basis),
-        flops_per_token=q(fpt, "FLOP", "6·N + 12·L·H·Q·T (PaLM app. B; forward + backward)"),
+        flops_per_token=q(fpt, "FLOP", fpt_formula),
         attention_share=q(attn / fpt, "fraction", "12·L·H·Q·T / (6·N + 12·L·H·Q·T)"),
         total_flops=q(fpt * tokens, "FLOP", "FLOPs per token × tokens"),
     )
@@ -309,6 +321,34 @@ def _moe_section(a, s: Shape, count, batch_section: BatchSection):
         tokens_per_rank_per_step=batch_section.global_batch_tokens.value / a.gpus,
         mfu=a.mfu,
     )
+
+
+def _vlm_flops_per_row(a: argparse.Namespace, lm_dim: int, lm_fpt: float, T: int) -> float:
+    """#16: FLOPs of one VLM sequence of T positions, one image's tokens among them."""
+    grid = a.image_size // max(a.patch_size, 1)
+    if a.patch_size <= 0 or a.image_size % a.patch_size or grid % max(a.pixel_shuffle, 1):
+        raise PlanError(
+            f"--patch-size: {a.patch_size} must divide --image-size {a.image_size} into a grid "
+            f"that --pixel-shuffle {a.pixel_shuffle} divides"
+        )
+    if a.vision_heads <= 0 or a.vision_dim % a.vision_heads:
+        raise PlanError(f"--vision-heads: {a.vision_heads} does not divide {a.vision_dim}")
+    image_tokens = (grid // a.pixel_shuffle) ** 2
+    if image_tokens >= T:
+        raise PlanError(f"--seq-len: {T} leaves no room after {image_tokens} image tokens")
+    encoder, projector = vision_matmul_params(
+        a.image_size, a.patch_size, a.vision_dim, a.vision_layers, a.pixel_shuffle, lm_dim
+    )
+    vision = flops.vision_flops_per_image(
+        encoder,
+        a.vision_layers,
+        a.vision_heads,
+        a.vision_dim // a.vision_heads,
+        grid * grid,
+        projector,
+        image_tokens,
+    )
+    return flops.vlm_flops_per_row(vision, lm_fpt, T)
 
 
 def _memory(a: argparse.Namespace, s: Shape, total: float, mem_gib: float) -> MemorySection:
