@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from protos import job_pb2, trainer_config_pb2
+from protos import job_pb2, layout, trainer_config_pb2
 from protos.enums import enum_name
 from trainer import checkpoint, distributed, evaluate
 from trainer.config import train_dtype
@@ -103,7 +103,23 @@ class Trainer:
         if t.compile:
             for block in model.layers:
                 block.compile()
-        self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
+        # Tensor/pipeline/context parallel (trainer/parallel): the engine runs the step; ranks
+        # of one data-parallel group read the same rows.
+        self.layout = layout.from_train(t, env.world_size)
+        self.engine = None
+        data_rank, data_ranks = env.rank, env.world_size
+        if self.layout.model_parallel:
+            from trainer.parallel import mesh
+            from trainer.parallel.engine import Engine
+
+            lay_mesh = mesh.build(self.layout, self.device)
+            self.engine = Engine(model, lay_mesh, t.grad_accum, self.dtype)
+            data_rank, data_ranks = lay_mesh.rank("dp"), self.layout.dp
+            self.parallelism = self.layout.describe()
+            self.model = model
+        else:
+            self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
+        self.copies = env.world_size // data_ranks  # ranks that read the same rows
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.steps)
         self.loader = PackedRowLoader(
@@ -111,8 +127,8 @@ class Trainer:
             split="train",
             batch_size=t.micro_batch,
             seed=t.seed,
-            rank=env.rank,
-            world_size=env.world_size,
+            rank=data_rank,
+            world_size=data_ranks,
         )
         # Where the next step's batches start: what a checkpoint records. A preemption noticed
         # after this step's batches were read saves the position before them.
@@ -156,7 +172,13 @@ class Trainer:
             "tokens_total": self.tokens_total,
         }
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """The checkpoint written, or None under pipeline parallel: each rank holds only its
+        stages, and the full-state format here needs them on rank 0 (trainer/parallel/dcp.py
+        writes sharded checkpoints that load across layouts; the loop does not use it yet)."""
+        if self.layout.pp > 1:
+            self.log(f"checkpoint: not written under {self.layout.describe()}")
+            return None
         start = time.perf_counter()
         run = checkpoint.TrainingRun(
             kind=job_pb2.JobKind.Name(self.kind),
@@ -230,6 +252,10 @@ class Trainer:
     def train_step(self, batches: list[dict], n_tokens: float) -> tuple[float, float]:
         """Forward/backward every micro-batch, then clip; returns (mean loss, grad norm).
         `n_tokens`: labelled tokens in the global batch (all micro-batches, all ranks)."""
+        if self.engine is not None:
+            share = self.engine.forward_backward(batches, n_tokens)
+            grad_norm = self.engine.clip(self.cfg.optim.grad_clip)
+            return float(distributed.all_reduce_sum(share.view(1))[0]) / n_tokens, grad_norm
         accum, world = len(batches), self.env.world_size
         autocast = torch.autocast(
             self.device.type,
@@ -276,8 +302,8 @@ class Trainer:
         while self.step < self.cfg.train.steps:
             if self.advance(first_step) is Outcome.PREEMPTED:
                 return Outcome.PREEMPTED
-        if self.step > first_step:
-            self.log(f"saved {self.save()}")
+        if self.step > first_step and (path := self.save()) is not None:
+            self.log(f"saved {path}")
         self.evaluate()
         return Outcome.DONE
 
@@ -294,6 +320,7 @@ class Trainer:
         agreed = distributed.all_reduce_sum(
             torch.tensor(local, dtype=torch.float64, device=self.device)
         ).tolist()
+        agreed[:2] = [x / self.copies for x in agreed[:2]]  # rows read by several ranks
         if agreed[2] > 0:
             path = self.save()
             self.log(f"stop requested: saved {path} at step {self.step}; exiting")
@@ -318,7 +345,9 @@ class Trainer:
             self.goodput.add("startup", step_s - data_s)  # mostly compiling the blocks
         else:
             self.goodput.add("productive", step_s - data_s)
-        positions = sum(b["document_ids"].numel() for b in batches) * self.env.world_size
+        positions = sum(b["document_ids"].numel() for b in batches) * (
+            self.env.world_size // self.copies
+        )
         tokens = positions - int(agreed[1])
         self.tokens_total += tokens
         self.metrics.step(
@@ -382,6 +411,9 @@ class Trainer:
         self.log(self.metrics.human_line(p))
 
     def evaluate(self) -> float:
+        if self.layout.pp > 1 or self.layout.cp > 1:
+            self.log(f"eval: not run under {self.layout.describe()} (pipeline/context parallel)")
+            return math.nan
         start = time.perf_counter()
         result = evaluate.heldout_loss(
             self.model, self.dataset_path, self.cfg, self.env, self.dtype

@@ -10,6 +10,7 @@ differences of a sum taken in another order; measured: at most ~4e-5).
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +39,24 @@ def runs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("proof")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4"]
-    cmd += ["--master_port", "0", "-m", "trainer.parallel.proof", str(out), *LAYOUTS]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-6000:]
+    cmd += ["--standalone", "-m", "trainer.parallel.proof", str(out), *LAYOUTS]
+    assert run_group(cmd, env) == 0
     return out
+
+
+def run_group(cmd: list[str], env: dict, timeout: float = 600) -> int:
+    """Run torchrun in its own session; on a timeout end the whole group (its workers too:
+    killing torchrun alone leaves them waiting on each other)."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    if proc.returncode:
+        print(err[-6000:])
+    return proc.returncode
 
 
 @pytest.fixture(scope="module")
