@@ -41,6 +41,7 @@ _GAUGES = [
     ("kitchen_train_padding_ratio", "Share of batch tokens that are padding.", "padding_fraction"),
     ("kitchen_train_grad_norm", "Gradient norm before clipping.", "grad_norm"),
     ("kitchen_train_learning_rate", "Learning rate.", "lr"),
+    ("kitchen_train_comm_ratio", "Share of a step spent in collectives, 0-1.", "comm_fraction"),
 ]
 
 

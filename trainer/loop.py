@@ -6,6 +6,7 @@ into micro-batches and ranks), forward and backward each micro-batch (gradients 
 the last), clip, let the loss guard veto the update, step the optimizer and the schedule.
 """
 
+import contextlib
 import enum
 import math
 import signal
@@ -27,6 +28,13 @@ from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_s
 from trainer.model import Transformer, attention_layout, select_ops
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.sizing import flops
+
+
+def trainer_parallel_wire():
+    """trainer.parallel.wire, imported when a model-parallel layout first needs it."""
+    from trainer.parallel import wire
+
+    return wire
 
 
 class Outcome(enum.Enum):
@@ -325,7 +333,12 @@ class Trainer:
             path = self.save()
             self.log(f"stop requested: saved {path} at step {self.step}; exiting")
             return Outcome.PREEMPTED
-        loss, grad_norm = self.train_step(batches, max(agreed[0], 1.0))
+        # Under a model-parallel layout, logged steps also time the collectives (each waited
+        # for where it is issued: the logged step runs without overlap; the others are free).
+        logs = self._logs(self.step + 1, first_step)
+        timed = trainer_parallel_wire().WireCounter() if self.engine and logs else None
+        with timed or contextlib.nullcontext():
+            loss, grad_norm = self.train_step(batches, max(agreed[0], 1.0))
         verdict = self.guard.check(loss)
         if verdict is Verdict.OK:
             self.optimizer.step()
@@ -363,13 +376,19 @@ class Trainer:
         if verdict is Verdict.ROLLBACK:
             self._rollback()
             return None
-        if self.step % t.log_every == 0 or self.step in (first_step + 1, t.steps):
-            self._log_step(grad_norm, lr)
+        if logs:
+            comm = timed.seconds / max(step_s - data_s, 1e-9) if timed else 0.0
+            self._log_step(grad_norm, lr, comm_fraction=comm)
         if every and self.step % every == 0 and self.step < t.steps:
             self.save()
         if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps:
             self.evaluate()
         return None
+
+    def _logs(self, step: int, first_step: int) -> bool:
+        """Whether step `step` (1-based) is reported."""
+        t = self.cfg.train
+        return step % t.log_every == 0 or step in (first_step + 1, t.steps)
 
     def _rollback(self) -> None:
         found = self.checkpointer.find(warn=self.log)
@@ -399,9 +418,10 @@ class Trainer:
             "goodput": self.goodput.fraction(),
         }
 
-    def _log_step(self, grad_norm: float, lr: float) -> None:
+    def _log_step(self, grad_norm: float, lr: float, comm_fraction: float = 0.0) -> None:
         p = self.metrics.emit(
             step=self.step,
+            comm_fraction=comm_fraction,
             grad_norm=grad_norm,
             lr=lr,
             peak_memory_bytes=peak_memory_bytes(self.device),

@@ -8,6 +8,7 @@ A layout name is `+`/`x`-free shorthand parsed by `parse`; `resume:A>B` trains t
 under A, saves a distributed checkpoint, and trains the last step under B from it.
 """
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -22,6 +23,7 @@ from trainer.model import Transformer, attention_layout, select_ops
 from trainer.optim import build_optimizer
 from trainer.parallel import dcp, mesh
 from trainer.parallel.engine import Engine
+from trainer.parallel.wire import WireCounter
 
 STEPS, ROWS, GRAD_ACCUM, SEQ, VOCAB, SEED = 3, 4, 2, 32, 96, 7  # ROWS: per micro-batch, all ranks
 LR, CLIP = 1e-2, 1.0
@@ -65,20 +67,20 @@ def parse(name: str, world_size: int) -> ParallelLayout:
     return ParallelLayout(**fields)
 
 
-def batch(step: int, micro: int, rows: int) -> dict:
+def batch(step: int, micro: int, rows: int, seq: int = SEQ, vocab: int = VOCAB) -> dict:
     """Micro-batch `micro` of step `step`: `rows` packed rows (documents of random lengths,
     positions restarting at each, no label across a document boundary), the same on every
     rank for the same arguments."""
     g = torch.Generator().manual_seed(SEED * 1000 + step * 10 + micro)
-    input_ids = torch.randint(0, VOCAB, (rows, SEQ), generator=g)
-    document_ids = torch.zeros(rows, SEQ, dtype=torch.long)
+    input_ids = torch.randint(0, vocab, (rows, seq), generator=g)
+    document_ids = torch.zeros(rows, seq, dtype=torch.long)
     for r in range(rows):
-        cuts = torch.randint(1, SEQ, (2,), generator=g).tolist()
+        cuts = torch.randint(1, seq, (2,), generator=g).tolist()
         for c in cuts:
             document_ids[r, c:] += 1
     starts = torch.ones_like(document_ids, dtype=torch.bool)
     starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
-    idx = torch.arange(SEQ).expand(rows, SEQ)
+    idx = torch.arange(seq).expand(rows, seq)
     last_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values
     labels = input_ids.roll(-1, dims=1)
     labels[:, :-1][document_ids[:, 1:] != document_ids[:, :-1]] = -100
@@ -130,6 +132,19 @@ def reference(steps: int = STEPS) -> dict:
     return {"losses": losses, "grad_norms": norms, "weights": model.state_dict()}
 
 
+def wire_labels(m: mesh.Mesh) -> dict[tuple[int, ...], str]:
+    """This rank's groups (by their global ranks) -> mesh dimension, for WireCounter."""
+
+    def ranks(group: dist.ProcessGroup) -> tuple[int, ...]:
+        return tuple(dist.get_process_group_ranks(group))
+
+    labels = {ranks(m.replicas.get_group()): "dp_cp"}
+    for name, degree in m.layout.dims():
+        if degree > 1:
+            labels[ranks(m.group(name))] = name
+    return labels
+
+
 def full_weights(part: torch.nn.Module, pp_group: dist.ProcessGroup) -> dict:
     """The whole model's weights on every rank: DTensor shards gathered, pipeline parts
     merged."""
@@ -144,7 +159,8 @@ def full_weights(part: torch.nn.Module, pp_group: dist.ProcessGroup) -> dict:
 
 
 def train(lay: ParallelLayout, steps: range, engine: Engine | None = None, optimizer=None):
-    """(engine, optimizer, per-step losses and norms) after `steps` under `lay`."""
+    """(engine, optimizer, per-step losses, norms, bytes rank 0 sent in step 1 by mesh
+    dimension) after `steps` under `lay`."""
     if engine is None:
         engine = Engine(
             build_model(), mesh.build(lay, torch.device("cpu")), GRAD_ACCUM, torch.float32
@@ -152,16 +168,20 @@ def train(lay: ParallelLayout, steps: range, engine: Engine | None = None, optim
         optimizer = build_optimizer(engine.part, optim_config(), "cpu")
     assert optimizer is not None
     dp_rank = engine.mesh.rank("dp")
-    losses, norms = [], []
+    losses, norms, wire = [], [], {}
     for step in steps:
         total = n_tokens(global_batches(step))
-        share = engine.forward_backward(rank_batches(step, lay.dp, dp_rank), total)
-        norms.append(engine.clip(CLIP))
+        # Step 1 (the pipeline's schedule is built by then) counts the bytes sent.
+        with WireCounter(wire_labels(engine.mesh)) if step == 1 else contextlib.nullcontext() as w:
+            share = engine.forward_backward(rank_batches(step, lay.dp, dp_rank), total)
+            norms.append(engine.clip(CLIP))
+        if w is not None:
+            wire = dict(w.sent)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         dist.all_reduce(share)
         losses.append(float(share) / total)
-    return engine, optimizer, losses, norms
+    return engine, optimizer, losses, norms, wire
 
 
 def run(name: str, out: Path) -> None:
@@ -169,9 +189,9 @@ def run(name: str, out: Path) -> None:
     first, _, then = name.removeprefix("resume:").partition(">")
     lay = parse(first, world)
     if not then:
-        engine, _, losses, norms = train(lay, range(STEPS))
+        engine, _, losses, norms, wire = train(lay, range(STEPS))
     else:
-        engine, optimizer, losses, norms = train(lay, range(STEPS - 1))
+        engine, optimizer, losses, norms, wire = train(lay, range(STEPS - 1))
         path = out / f"dcp-{first}"
         dcp.save(path, engine.part, optimizer)
         lay = parse(then, world)
@@ -180,12 +200,13 @@ def run(name: str, out: Path) -> None:
         )
         optimizer = build_optimizer(engine.part, optim_config(), "cpu")
         dcp.load(path, engine.part, optimizer)
-        engine, _, more, more_norms = train(lay, range(STEPS - 1, STEPS), engine, optimizer)
+        engine, _, more, more_norms, _ = train(lay, range(STEPS - 1, STEPS), engine, optimizer)
         losses, norms = losses + more, norms + more_norms
     weights = full_weights(engine.part, engine.mesh.group("pp"))
     if dist.get_rank() == 0:
         torch.save(weights, out / f"{name}.weights.pt")
         record = {"layout": lay.describe(), "losses": losses, "grad_norms": norms}
+        record["wire_bytes"] = wire  # rank 0's, in step 1
         (out / f"{name}.json").write_text(json.dumps(record))
 
 

@@ -10,8 +10,9 @@ s tokens (each rank of a context-parallel group holds s/c of them), activations 
                    all-gather: the same bytes.
     CP  (c ranks)  keys and values all-gathered in each layer, their gradients
                    reduce-scattered: 2·2·(c−1)/c · b·s·(KVH/t)·Q·e per layer and micro-batch.
-    PP  (p ranks)  each stage sends its output forward and the gradient back: 2·b·(s/c)·d·e
-                   per micro-batch and stage boundary it owns (÷t with sequence parallelism).
+    PP  (p ranks)  each stage sends its output forward (with the int64 position and document
+                   ids) and the gradient back: b·(s/c)·d·e each (÷t with sequence
+                   parallelism), per micro-batch and stage boundary.
     DP  (r = data x context ranks) gradient all-reduce, fp32: 2·(r−1)/r · 4 · P_rank;
                    FSDP instead all-gathers weights twice and reduce-scatters gradients:
                    (r−1)/r · (2·e_w + 4) · P_rank.
@@ -86,19 +87,28 @@ def rank_params(shape: ModelShape, lay: ParallelLayout) -> float:
 
 
 def comm_bytes(shape: ModelShape, step: Step, lay: ParallelLayout) -> CommBytes:
-    """Bytes one rank sends per step under `lay` (module docstring)."""
+    """Bytes rank 0 sends per step under `lay` (module docstring); with more than 2 pipeline
+    stages the middle ranks send one message more per micro-batch, which is counted too."""
     e, m, b = step.activation_bytes, step.micro_batches, step.micro_batch
     local_seq = step.seq_len / lay.cp
     layers = shape.layers / lay.pp
     hidden = b * local_seq * shape.dim * e
-    tensor = 4 * 2 * _ring(lay.tp) * hidden * layers * m if lay.tp > 1 else 0.0
+    tensor = 0.0
+    if lay.tp > 1:
+        tensor = 4 * 2 * _ring(lay.tp) * hidden * layers * m
+        if lay.sequence_parallel:  # the embedding's slice (backward), the final norm's gather
+            tensor += _ring(lay.tp) * hidden * m * (2 if lay.pp == 1 else 1)
     kv = b * step.seq_len * (shape.kv_heads / lay.tp) * shape.head_dim * e
     context = 2 * 2 * _ring(lay.cp) * kv * layers * m if lay.cp > 1 else 0.0
     pipeline = 0.0
     if lay.pp > 1:
         boundary = hidden / (lay.tp if lay.sequence_parallel else 1)
-        # every stage but the last sends forward, every stage but the first sends back
-        pipeline = 2 * boundary * m * lay.virtual_stages
+        ids = b * local_seq * 8 + b * step.seq_len * 8  # int64 positions, document ids (whole)
+        v = lay.virtual_stages
+        # rank 0 sends forward from its v stages and back from v-1 (stage 0 sends nothing
+        # back); a middle rank of a longer pipeline sends back from all v
+        back = v - 1 if lay.pp == 2 else v
+        pipeline = m * (v * (boundary + ids) + back * boundary)
     replicas = lay.dp * lay.cp
     params = rank_params(shape, lay)
     if replicas == 1:

@@ -11,6 +11,7 @@ formulas live in trainer/sizing/{flops,memory,batch,params}.py, which the traine
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -112,7 +113,35 @@ def build_parser() -> argparse.ArgumentParser:
         help="count dropout masks, as Korthikanti et al. do (Kitchen's model has no dropout)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument(
+        "--layouts",
+        action="store_true",
+        help="also cost every TP/PP/CP/DP layout of --gpus and recommend one "
+        "(trainer/sizing/recommend.py)",
+    )
     return p
+
+
+def layout_costs(plan: Plan, a: argparse.Namespace):
+    """(costs fastest first, the recommendation, why) for the layouts of `a.gpus`."""
+    from trainer.sizing import comm, recommend
+
+    s = plan.model.shape
+    shape = comm.ModelShape(
+        s.layers, s.dim, s.heads, s.kv_heads, s.ffn_dim, s.vocab, s.tie_embeddings
+    )
+    gb = int(plan.batch.global_batch.value or 1)
+    costs = recommend.candidates(
+        shape,
+        a.gpus,
+        a.seq_len,
+        global_batch=gb,
+        step_flops=float(plan.compute.flops_per_token.value or 0) * gb * a.seq_len,
+        peak_flops=float(plan.time.peak_flops_per_gpu.value or 0),
+        mfu=a.mfu,
+        memory_gib=float(plan.memory.device_memory.value or 0) / GIB,
+    )
+    return (costs, *recommend.recommend(costs))
 
 
 def _shape(a: argparse.Namespace) -> Shape:
@@ -336,7 +365,19 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(args)
     except PlanError as e:
         parser.error(str(e))
-    print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
+    if not args.layouts:
+        print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
+        return 0
+    from trainer.sizing import recommend
+
+    costs, best, why = layout_costs(plan, args)
+    if args.json:
+        out = plan.to_json()
+        out["layouts"] = [dataclasses.asdict(c) for c in costs]
+        out["recommended"] = {"layout": best.layout.describe() if best else None, "why": why}
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(render(plan) + "\n\n" + recommend.render(costs, best, why))
     return 0
 
 
