@@ -25,7 +25,6 @@ import dataclasses
 import math
 
 from protos.layout import ParallelLayout, Schedule
-from trainer.sizing.params import llama_param_count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,18 +71,15 @@ def _ring(n: int) -> float:
 
 
 def rank_params(shape: ModelShape, lay: ParallelLayout) -> float:
-    """Parameters on the rank that holds the most: its layers' share of the sharded weights,
-    the norms whole, and (first and last stage) the embedding and head, which trainer/parallel
-    keeps whole under TP."""
-    pc = llama_param_count(
-        shape.dim, shape.layers, shape.heads, shape.kv_heads, shape.ffn_dim, shape.vocab,
-        shape.tie_embeddings,
-    )  # fmt: skip
-    norms = 2 * shape.dim
-    per_layer = (pc.per_layer - norms) / lay.tp + norms
-    embeddings = pc.total - pc.non_embedding
-    layers = shape.layers / lay.pp
-    return layers * per_layer + embeddings / (1 if lay.pp == 1 else 2) + shape.dim
+    """Parameters on rank 0: its layers' share of the tensor-parallel weights, the norms
+    whole, the input embedding (first stage) and, without a pipeline, the head and the final
+    norm (trainer/parallel keeps embedding and head whole under TP)."""
+    d, q = shape.dim, shape.head_dim
+    split = 2 * d * shape.heads * q + 2 * d * shape.kv_heads * q + 3 * d * shape.ffn_dim
+    per_layer = split / lay.tp + 2 * d
+    embedding = shape.vocab * d
+    last_stage = (0 if shape.tie_embeddings else shape.vocab * d) + d
+    return shape.layers / lay.pp * per_layer + embedding + (last_stage if lay.pp == 1 else 0)
 
 
 def comm_bytes(shape: ModelShape, step: Step, lay: ParallelLayout) -> CommBytes:
