@@ -7,6 +7,8 @@ gradient of (summed loss / global token count) on the rank that owns it; `clip` 
 and clips the global norm. The optimizer steps `engine.part`'s parameters as usual.
 """
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -35,7 +37,7 @@ class Engine:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.loss_scale = 1.0
         self.n_microbatches = n_microbatches
-        self.schedule = None  # built at the first step, from the micro-batches' shapes
+        self.schedule: Any = None  # built at the first step, from the micro-batches' shapes
 
     def attention_layout(self, document_ids: torch.Tensor) -> Layout:
         """The mask of this rank's tokens; `document_ids` are whole rows under context

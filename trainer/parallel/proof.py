@@ -153,7 +153,7 @@ def full_weights(part: torch.nn.Module, pp_group: dist.ProcessGroup) -> dict:
         if hasattr(value, "full_tensor"):
             value = value.full_tensor()
         mine[name] = value.detach().clone()
-    parts = [None] * dist.get_world_size(pp_group)
+    parts: list[dict] = [{} for _ in range(dist.get_world_size(pp_group))]
     dist.all_gather_object(parts, mine, group=pp_group)
     return {k: v for p in parts for k, v in p.items()}
 
