@@ -296,10 +296,16 @@ def _memory(a: argparse.Namespace, s: Shape, total: int, mem_gib: float) -> Memo
     out = memory.output_layer_activation_bytes(T, b, d, V, bytes_per_element=e)
     usable = memory.usable_bytes(mem_gib)
     fits: dict[str, dict[str, Fit]] = {}
+    # ZeRO-3/FSDP gathers each layer's whole weights before it runs: the running layer's and
+    # the prefetched next one's are whole at once, in the weights' dtype.
+    layer_params = llama_param_count(d, L, H, s.kv_heads, s.ffn_dim, V, s.tie_embeddings).per_layer
+    gathered = {sharding: 0.0 for sharding in memory.SHARDINGS}
+    gathered["zero3"] = 2 * layer_params * w
     for sharding in memory.SHARDINGS:
         fits[sharding] = {}
         for mode in modes:
             peak = state_bytes[sharding] + L * act_bytes[mode] + out + back_bytes[mode]
+            peak += gathered[sharding]
             fits[sharding][mode] = Fit(bytes=peak, fits=peak <= usable)
     return MemorySection(
         layout=layout,
@@ -317,7 +323,8 @@ def _memory(a: argparse.Namespace, s: Shape, total: int, mem_gib: float) -> Memo
         device_memory=q(mem_gib * GIB, "B", "accelerator table (or --memory-gib / RAM)"),
         usable_memory=q(usable, "B", "90% (runtime, fragmentation, buffers)"),
         fits=fits,
-        fits_formula="model states + L × activations per layer + output layer + backward",
+        fits_formula="model states + L × activations per layer + output layer + backward"
+        " (+ ZeRO-3: 2 gathered layers)",
     )
 
 
