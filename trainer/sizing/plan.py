@@ -240,13 +240,13 @@ def make_plan(a: argparse.Namespace) -> Plan:
     )
 
     gpu, peak, basis, mem_gib = _hardware(a)
-    cluster = a.gpus * peak * a.mfu
+    cluster = _data_ranks(a, T) * peak * a.mfu
     seconds = fpt * tokens / cluster
     time = TimeSection(
         accelerator=gpu,
         peak_flops_per_gpu=q(peak, "FLOP/s", f"{a.dtype} dense peak, basis {basis}"),
         mfu=q(a.mfu, "fraction", "assumed (--mfu)"),
-        cluster_flops=q(cluster, "FLOP/s", "GPUs × peak × MFU"),
+        cluster_flops=q(cluster, "FLOP/s", "GPUs used (≤ micro batches per step) × peak × MFU"),
         tokens_per_second=q(cluster / fpt, "tokens/s", "cluster FLOP/s / FLOPs per token"),
         wall_clock=q(seconds, "s", "total FLOPs / cluster FLOP/s"),
         gpu_hours=q(seconds * a.gpus / 3600, "GPU-h", "wall clock × GPUs"),
@@ -268,7 +268,9 @@ def _memory(a: argparse.Namespace, s: Shape, total: int, mem_gib: float) -> Memo
     e = 2 if a.dtype == "bf16" else 4
     states, state_bytes = {}, {}
     for level, sharding in enumerate(memory.SHARDINGS):
-        st = memory.model_state_bytes(total, layout=layout, sharding=sharding, world_size=a.gpus)
+        st = memory.model_state_bytes(
+            total, layout=layout, sharding=sharding, world_size=_data_ranks(a, T)
+        )
         state_bytes[sharding] = st.total
         shard = ["", "/R"]
         states[sharding] = ModelStates(
@@ -328,10 +330,21 @@ def _memory(a: argparse.Namespace, s: Shape, total: int, mem_gib: float) -> Memo
     )
 
 
-def _batch(a: argparse.Namespace, T: int, tokens_per_second: float, budget: float) -> BatchSection:
+def _global_batch(a: argparse.Namespace, T: int) -> int:
+    """Sequences per step: --global-batch, or about 2^20 tokens in whole micro batches."""
     gb = a.global_batch or max(a.micro_batch, round(2**20 / T / a.micro_batch) * a.micro_batch)
     if gb < a.micro_batch:
         raise PlanError(f"--global-batch: {gb} is smaller than --micro-batch {a.micro_batch}")
+    return gb
+
+
+def _data_ranks(a: argparse.Namespace, T: int) -> int:
+    """The GPUs data parallelism can use: one micro batch each at least (the rest idle)."""
+    return min(a.gpus, batch.max_data_parallel(_global_batch(a, T), a.micro_batch))
+
+
+def _batch(a: argparse.Namespace, T: int, tokens_per_second: float, budget: float) -> BatchSection:
+    gb = _global_batch(a, T)
     gb_tokens = gb * T
     max_dp = batch.max_data_parallel(gb, a.micro_batch)
     accum = batch.grad_accumulation(gb, a.micro_batch, a.gpus)

@@ -188,7 +188,8 @@ def render(plan: Plan) -> str:
     row("GPU-hours", t.gpu_hours)
 
     section(f"MEMORY PER GPU: model states, {mem.layout} layout, 16 bytes/parameter")
-    lines.append(f"  ({mem.layout_note}; R = {inputs['gpus']} data-parallel ranks)")
+    ranks = min(inputs["gpus"], int(plan.batch.max_data_parallel.value or inputs["gpus"]))
+    lines.append(f"  ({mem.layout_note}; R = {ranks} data-parallel ranks)")
     # one space between columns: 1,234.56 GiB fills a column of 12
     lines.append(f"  {'':<12}{' weights':>13}{' gradients':>13}{' optimizer':>13}{' total':>13}")
     for sharding, st in mem.model_states.items():
