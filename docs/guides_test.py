@@ -49,6 +49,7 @@ GUIDES = (
     "moe.md",
     "interop.md",
     "vlm.md",
+    "parallelism.md",
 )
 # Each test target (docs/BUILD.bazel, GUIDE_GROUPS) runs one group: the guides a group's last
 # ones need, in the order above, in one fresh workspace. A guide that only needs the precooked
@@ -61,6 +62,8 @@ GROUPS = {
     "rlhf": ("precook.md", "pretrain.md", "sft.md", "rlhf.md"),
     "moe": ("precook.md", "moe.md"),
     "interop": ("precook.md", "pretrain.md", "sft.md", "interop.md"),
+    "vlm": ("vlm.md",),  # its own synthetic scenes, text model and stages
+    "parallelism": ("parallelism.md",),
 }
 GROUP = os.environ.get("GUIDE_GROUP", "path")
 JOB_TARGETS = ("//launcher:submit", "//trainer:train")

@@ -79,6 +79,7 @@ _GAUGES = [
         "VLM: image tokens / all tokens, 0-1.",
         "image_token_share",
     ),
+    ("kitchen_train_comm_ratio", "Share of a step spent in collectives, 0-1.", "comm_fraction"),
 ]
 # #14 RLHF (REWARD, DPO, PPO jobs): exported once a job reports them, each holding its newest
 # non-zero value (train and eval records carry different ones; other kinds have none).

@@ -10,7 +10,8 @@ is one the trainer accepts.
 Defaults that depend on other fields or on the machine are DERIVED, computed in
 `with_defaults`: n_kv_heads (= n_heads), ffn_dim (8/3 dim), max_seq_len (= data.seq_len),
 workers (the CPUs this process may use), parallelism (SINGLE, or DDP with several processes),
-rl.pass_verifier (= rl.reward).
+rl.pass_verifier (= rl.reward),
+pipeline_virtual_stages (2 for the interleaved schedule, else 1).
 """
 
 import dataclasses
@@ -119,6 +120,11 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "spike_factor": Field(3.0, 1, 1e6, low_open=True),
         "max_bad_steps": Field(3, 1, 1000),
         "expert_parallel": Field(0, 0, 1 << 16),
+        "tensor_parallel": Field(1, 1, 1024),
+        "sequence_parallel": Field(False),
+        "pipeline_parallel": Field(1, 1, 1024),
+        "pipeline_virtual_stages": Field(None, 1, 64),
+        "context_parallel": Field(1, 1, 1024),
     },
     "checkpoint": {
         "every_steps": Field(50, 0, 1 << 30),
@@ -185,6 +191,7 @@ ENUM_DEFAULTS: dict[tuple[str, str], str] = {
     ("model", "moe_balance"): "AUX_LOSS",
     ("vision", "stage"): "ALIGN",
     ("vision", "bad_images"): "SKIP_BAD",
+    ("train", "pipeline_schedule"): "ONE_F_ONE_B",
 }
 
 # train.dtype spellings -> torch dtype names ("" = automatic: bf16 on CUDA, fp32 elsewhere).
@@ -255,6 +262,9 @@ def with_defaults(
         out.train.parallelism = trainer_config_pb2.DDP if several else trainer_config_pb2.SINGLE
     if out.rl.pass_verifier == trainer_config_pb2.REWARD_SOURCE_UNSPECIFIED:  # #14
         out.rl.pass_verifier = out.rl.reward
+    if not out.train.HasField("pipeline_virtual_stages"):
+        interleaved = out.train.pipeline_schedule == trainer_config_pb2.INTERLEAVED_1F1B
+        out.train.pipeline_virtual_stages = 2 if interleaved else 1
     m = out.model
     if not m.HasField("n_kv_heads"):
         m.n_kv_heads = m.n_heads

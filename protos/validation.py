@@ -21,7 +21,7 @@ import re
 from google.protobuf import descriptor, unknown_fields
 from google.protobuf.message import Message
 
-from protos import defaults, enums, job_pb2, trainer_config_pb2
+from protos import defaults, enums, job_pb2, layout, trainer_config_pb2
 from protos.config_yaml import ConfigError
 from protos.defaults import Field
 
@@ -304,6 +304,90 @@ def validate_trainer(
         "use DDP or FSDP",
     )
     validate_moe(cfg, world_size)
+    validate_layout(cfg, world_size)
+
+
+def validate_layout(cfg: trainer_config_pb2.TrainerConfig, world_size: int) -> None:
+    """The parallel layout (protos/layout.py) fits the world size, the model and the data."""
+    t, m, seq = cfg.train, cfg.model, cfg.data.seq_len
+    tp, pp, cp = t.tensor_parallel, t.pipeline_parallel, t.context_parallel
+    where = "trainer.train."
+    _check(
+        world_size % (tp * pp * cp) == 0,
+        where + "tensor_parallel",
+        f"tensor {tp} x pipeline {pp} x context {cp} = {tp * pp * cp} does not divide the "
+        f"world size {world_size} (the data-parallel degree is what is left)",
+    )
+    lay = layout.from_train(t, world_size)
+    if not lay.model_parallel:
+        _check(not t.sequence_parallel, where + "sequence_parallel", "needs tensor_parallel > 1")
+        return
+    _check(
+        defaults.DTYPES.get(t.dtype.lower()) != "float16",
+        where + "dtype",
+        f"fp16 is not combined with tensor/pipeline/context parallel ({lay.describe()}): its loss "
+        "scaling runs in the data-parallel step only; use bf16",
+    )
+    _check(
+        t.parallelism != trainer_config_pb2.FSDP,
+        where + "parallelism",
+        f"FSDP is not combined with tensor/pipeline/context parallel yet ({lay.describe()}): "
+        "use DDP (the data-parallel dimension replicates)",
+    )
+    _check(
+        m.n_heads % tp == 0, where + "tensor_parallel", f"{tp} does not divide n_heads {m.n_heads}"
+    )
+    _check(
+        m.n_kv_heads % tp == 0,
+        where + "tensor_parallel",
+        f"{tp} does not divide n_kv_heads {m.n_kv_heads}",
+    )
+    _check(
+        m.ffn_dim % tp == 0, where + "tensor_parallel", f"{tp} does not divide ffn_dim {m.ffn_dim}"
+    )
+    _check(
+        not t.sequence_parallel or tp > 1,
+        where + "sequence_parallel",
+        "needs tensor_parallel > 1 (it splits the norm regions across the TP ranks)",
+    )
+    _check(
+        not t.sequence_parallel or seq % (tp * 2 * cp) == 0,
+        where + "sequence_parallel",
+        f"seq_len {seq} is not divisible by tensor_parallel {tp} x 2 x context_parallel {cp}",
+    )
+    _check(
+        seq % (2 * cp) == 0,
+        where + "context_parallel",
+        f"seq_len {seq} is not divisible by 2 x context_parallel = {2 * cp} (each rank takes "
+        "two chunks, one early and one late, to balance the causal mask)",
+    )
+    stages = pp * t.pipeline_virtual_stages
+    interleaved = t.pipeline_schedule == trainer_config_pb2.INTERLEAVED_1F1B
+    _check(
+        interleaved == (t.pipeline_virtual_stages > 1),
+        where + "pipeline_virtual_stages",
+        f"{t.pipeline_virtual_stages} stages per rank: more than 1 is the INTERLEAVED_1F1B "
+        "schedule, which needs at least 2",
+    )
+    if pp == 1:
+        return
+    _check(
+        m.n_layers % stages == 0,
+        where + "pipeline_parallel",
+        f"n_layers {m.n_layers} is not divisible by {stages} stages "
+        f"(pipeline_parallel {pp} x pipeline_virtual_stages {t.pipeline_virtual_stages})",
+    )
+    _check(
+        not m.tie_embeddings,
+        "trainer.model.tie_embeddings",
+        "the input embedding and the output head live on different pipeline stages: set false",
+    )
+    _check(
+        t.grad_accum % pp == 0,
+        where + "grad_accum",
+        f"{t.grad_accum} micro-batches per step: a pipeline of {pp} stages needs a multiple "
+        f"of {pp}",
+    )
 
 
 def validate_moe(cfg: trainer_config_pb2.TrainerConfig, world_size: int) -> None:

@@ -279,3 +279,74 @@ def test_interop_fields_are_checked():
     )
     cfg = validate_job_spec(spec_with(kind=job_pb2.EVAL))
     assert (cfg.eval.limit, cfg.eval.batch_size) == (0, 8)
+
+
+def layout_spec(processes: int = 4, **fields) -> job_pb2.JobSpec:
+    """A spec on `processes` processes with train/model fields `fields` (#17 layouts)."""
+    spec = spec_with(resources__processes_per_node=processes)
+    for key, value in fields.items():
+        section, name = key.split("__")
+        setattr(getattr(spec.trainer, section), name, value)
+    return spec
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            {"train__tensor_parallel": 3},
+            "trainer.train.tensor_parallel: tensor 3 x pipeline 1 x context 1 = 3 does not "
+            "divide the world size 4",
+        ),
+        (
+            {"train__tensor_parallel": 4, "model__n_kv_heads": 2},
+            "trainer.train.tensor_parallel: 4 does not divide n_kv_heads 2",
+        ),
+        (
+            {"train__pipeline_parallel": 4, "model__n_layers": 6, "model__tie_embeddings": False},
+            "trainer.train.pipeline_parallel: n_layers 6 is not divisible by 4 stages",
+        ),
+        (
+            {"train__pipeline_parallel": 2},
+            "trainer.model.tie_embeddings: the input embedding and the output head",
+        ),
+        (
+            {"train__context_parallel": 4, "data__seq_len": 36},
+            "trainer.train.context_parallel: seq_len 36 is not divisible by 2 x "
+            "context_parallel = 8",
+        ),
+        (
+            {"train__sequence_parallel": True},
+            "trainer.train.sequence_parallel: needs tensor_parallel > 1",
+        ),
+        (
+            {
+                "train__pipeline_schedule": trainer_config_pb2.INTERLEAVED_1F1B,
+                "train__pipeline_parallel": 2,
+                "train__pipeline_virtual_stages": 1,
+                "model__tie_embeddings": False,
+                "train__grad_accum": 2,
+            },
+            "trainer.train.pipeline_virtual_stages: 1 stages per rank",
+        ),  # fmt: skip
+        (
+            {"train__tensor_parallel": 2, "train__parallelism": trainer_config_pb2.FSDP},
+            "trainer.train.parallelism: FSDP is not combined with tensor/pipeline/context",
+        ),
+    ],
+)
+def test_layouts_that_cannot_run_name_the_field_and_numbers(fields, message):
+    assert message in error(layout_spec(**fields))
+
+
+def test_a_layout_that_fits_resolves():
+    cfg = validate_job_spec(
+        layout_spec(
+            train__tensor_parallel=2,
+            train__pipeline_parallel=2,
+            train__pipeline_schedule=trainer_config_pb2.INTERLEAVED_1F1B,
+            train__grad_accum=4,
+            model__tie_embeddings=False,
+        )
+    )
+    assert cfg.train.pipeline_virtual_stages == 2

@@ -6,6 +6,7 @@ into micro-batches and ranks), forward and backward each micro-batch (gradients 
 the last), clip, let the loss guard veto the update, step the optimizer and the schedule.
 """
 
+import contextlib
 import enum
 import math
 import signal
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from protos import job_pb2, trainer_config_pb2
+from protos import job_pb2, layout, trainer_config_pb2
 from protos.enums import enum_name
 from trainer import checkpoint, distributed, evaluate, expert_parallel, moe
 from trainer.config import train_dtype
@@ -28,6 +29,13 @@ from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_s
 from trainer.model import Transformer, attention_layout, select_ops
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.sizing import flops
+
+
+def trainer_parallel_wire():
+    """trainer.parallel.wire, imported when a model-parallel layout first needs it."""
+    from trainer.parallel import wire
+
+    return wire
 
 
 class Outcome(enum.Enum):
@@ -104,11 +112,26 @@ class Trainer:
         if t.compile:
             for block in model.layers:
                 block.compile()
-        if self.parallelism == "EXPERT":
+        # Tensor/pipeline/context parallel (trainer/parallel): the engine runs the step; ranks
+        # of one data-parallel group read the same rows.
+        self.layout = layout.from_train(t, env.world_size)
+        self.engine = None
+        data_rank, data_ranks = env.rank, env.world_size
+        if self.layout.model_parallel:
+            from trainer.parallel import mesh
+            from trainer.parallel.engine import Engine
+
+            lay_mesh = mesh.build(self.layout, self.device)
+            self.engine = Engine(model, lay_mesh, t.grad_accum, self.dtype)
+            data_rank, data_ranks = lay_mesh.rank("dp"), self.layout.dp
+            self.parallelism = self.layout.describe()
+            self.model = model
+        elif self.parallelism == "EXPERT":
             ep = t.expert_parallel or env.world_size
             self.model = expert_parallel.wrap(model, env, ep)
         else:
             self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
+        self.copies = env.world_size // data_ranks  # ranks that read the same rows
         self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.steps)
         # fp16's 5 exponent bits underflow small gradients: the loss is scaled up before
@@ -120,8 +143,8 @@ class Trainer:
             split="train",
             batch_size=t.micro_batch,
             seed=t.seed,
-            rank=env.rank,
-            world_size=env.world_size,
+            rank=data_rank,
+            world_size=data_ranks,
         )
         # Where the next step's batches start: what a checkpoint records. A preemption noticed
         # after this step's batches were read saves the position before them.
@@ -167,7 +190,13 @@ class Trainer:
             "grad_scaler": self.scaler.state_dict(),  # {} unless fp16
         }
 
-    def save(self) -> Path:
+    def save(self) -> Path | None:
+        """The checkpoint written, or None under pipeline parallel: each rank holds only its
+        stages, and the full-state format here needs them on rank 0 (trainer/parallel/dcp.py
+        writes sharded checkpoints that load across layouts; the loop does not use it yet)."""
+        if self.layout.pp > 1:
+            self.log(f"checkpoint: not written under {self.layout.describe()}")
+            return None
         start = time.perf_counter()
         run = checkpoint.TrainingRun(
             kind=job_pb2.JobKind.Name(self.kind),
@@ -249,6 +278,10 @@ class Trainer:
     def train_step(self, batches: list[dict], n_tokens: float) -> tuple[float, float]:
         """Forward/backward every micro-batch, then clip; returns (mean loss, grad norm).
         `n_tokens`: labelled tokens in the global batch (all micro-batches, all ranks)."""
+        if self.engine is not None:
+            share = self.engine.forward_backward(batches, n_tokens)
+            grad_norm = self.engine.clip(self.cfg.optim.grad_clip)
+            return float(distributed.all_reduce_sum(share.view(1))[0]) / n_tokens, grad_norm
         accum, world = len(batches), self.env.world_size
         autocast = torch.autocast(
             self.device.type,
@@ -304,8 +337,8 @@ class Trainer:
                     return Outcome.PREEMPTED
         finally:
             self.health.stop()
-        if self.step > first_step:
-            self.log(f"saved {self.save()}")
+        if self.step > first_step and (path := self.save()) is not None:
+            self.log(f"saved {path}")
         self.evaluate()
         return Outcome.DONE
 
@@ -323,12 +356,18 @@ class Trainer:
         agreed = distributed.all_reduce_sum(
             torch.tensor(local, dtype=torch.float64, device=self.device)
         ).tolist()
+        agreed[:2] = [x / self.copies for x in agreed[:2]]  # rows read by several ranks
         if agreed[2] > 0:
             path = self.save()
             self.log(f"stop requested: saved {path} at step {self.step}; exiting")
             return Outcome.PREEMPTED
         self.health.before_compute()
-        loss, grad_norm = self.train_step(batches, max(agreed[0], 1.0))
+        # Under a model-parallel layout, logged steps also time the collectives (each waited
+        # for where it is issued: the logged step runs without overlap; the others are free).
+        logs = self._logs(self.step + 1, first_step)
+        timed = trainer_parallel_wire().WireCounter() if self.engine and logs else None
+        with timed or contextlib.nullcontext():
+            loss, grad_norm = self.train_step(batches, max(agreed[0], 1.0))
         verdict = self.guard.check(loss)
         if verdict is Verdict.OK:
             self.scaler.step(self.optimizer)  # skipped if fp16 gradients overflowed
@@ -356,7 +395,9 @@ class Trainer:
         if verdict is Verdict.OK and mismatch is not None:
             self._sdc_rollback(mismatch)
             return None
-        positions = sum(b["document_ids"].numel() for b in batches) * self.env.world_size
+        positions = sum(b["document_ids"].numel() for b in batches) * (
+            self.env.world_size // self.copies
+        )
         tokens = positions - int(agreed[1])
         self.tokens_total += tokens
         self.metrics.step(
@@ -372,13 +413,19 @@ class Trainer:
         if verdict is Verdict.ROLLBACK:
             self._rollback()
             return None
-        if self.step % t.log_every == 0 or self.step in (first_step + 1, t.steps):
-            self._log_step(grad_norm, lr)
+        if logs:
+            comm = timed.seconds / max(step_s - data_s, 1e-9) if timed else 0.0
+            self._log_step(grad_norm, lr, comm_fraction=comm)
         if every and self.step % every == 0 and self.step < t.steps:
             self.save()
         if t.eval_every and self.step % t.eval_every == 0 and self.step < t.steps:
             self.evaluate()
         return None
+
+    def _logs(self, step: int, first_step: int) -> bool:
+        """Whether step `step` (1-based) is reported."""
+        t = self.cfg.train
+        return step % t.log_every == 0 or step in (first_step + 1, t.steps)
 
     def _rollback(self) -> None:
         found = self.checkpointer.find(warn=self.log)
@@ -423,9 +470,10 @@ class Trainer:
             **self.health.counters(),
         }
 
-    def _log_step(self, grad_norm: float, lr: float) -> None:
+    def _log_step(self, grad_norm: float, lr: float, comm_fraction: float = 0.0) -> None:
         p = self.metrics.emit(
             step=self.step,
+            comm_fraction=comm_fraction,
             grad_norm=grad_norm,
             lr=lr,
             peak_memory_bytes=peak_memory_bytes(self.device),
@@ -437,6 +485,9 @@ class Trainer:
         self.log(self.metrics.human_line(p))
 
     def evaluate(self) -> float:
+        if self.layout.pp > 1 or self.layout.cp > 1:
+            self.log(f"eval: not run under {self.layout.describe()} (pipeline/context parallel)")
+            return math.nan
         start = time.perf_counter()
         result = evaluate.heldout_loss(
             self.model, self.dataset_path, self.cfg, self.env, self.dtype

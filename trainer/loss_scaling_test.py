@@ -61,3 +61,10 @@ def test_fp16_with_fsdp_is_refused_naming_the_field(cache):
     with pytest.raises(ConfigError) as refused:
         resolve_trainer(spec.trainer, world_size=2)
     assert refused.value.field == "trainer.train.dtype" and "bf16" in str(refused.value)
+
+
+def test_fp16_with_tensor_parallel_is_refused_naming_the_field(cache):
+    job = tiny_job(cache, train={"dtype": "fp16", "tensor_parallel": 2, "parallelism": "DDP"})
+    with pytest.raises(ConfigError) as refused:
+        resolve_trainer(job_spec_from_dict(job).trainer, world_size=2)
+    assert refused.value.field == "trainer.train.dtype" and "bf16" in str(refused.value)

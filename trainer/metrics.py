@@ -183,11 +183,8 @@ class MetricsLogger:
             f" | MFU {p.mfu:.1%} ({p.mfu_basis}), {p.tflops:.3g} TFLOP/s"
             f" | peak mem {human_bytes(p.peak_memory_bytes)} | padding {p.padding_fraction:.1%}"
             f" | goodput {p.goodput:.1%}"
-            + (
-                f" | noise scale {p.gradient_noise_scale:,.0f} tok"
-                if p.gradient_noise_scale
-                else ""
-            )
+            + (f" | B_simple {p.gradient_noise_scale:,.0f} tok" if p.gradient_noise_scale else "")
+            + (f" | comm {p.comm_fraction:.0%}" if p.comm_fraction else "")
             + (
                 f" | MoE imbalance {p.moe_max_imbalance:.2f}, entropy "
                 f"{p.moe_min_router_entropy:.2f}, dropped {p.moe_dropped_fraction:.1%}"

@@ -94,6 +94,8 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wo = nn.Linear(self.n_heads * self.head_dim, cfg.dim, bias=False)
         self.ops = ops
+        # Context parallel (trainer/parallel/context.py): gathers every rank's keys and values.
+        self.context: nn.Module | None = None
 
     def forward(self, x, cos, sin, layout: Layout, cache: KVCache | None = None, layer=0):
         B, S, _ = x.shape
@@ -101,6 +103,8 @@ class Attention(nn.Module):
         k = self.wk(x).view(B, S, self.n_kv_heads, self.head_dim)
         v = self.wv(x).view(B, S, self.n_kv_heads, self.head_dim)
         q, k = self.ops.apply_rope(q, k, cos, sin)
+        if self.context is not None:
+            k, v = self.context(k), self.context(v)
         if layout.cu_seqlens is not None:
             out = _varlen(q, k, v, layout)
         elif cache is not None:

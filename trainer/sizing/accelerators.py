@@ -28,7 +28,7 @@ ACCELERATORS = {
         Accelerator("H100-NVL", 835e12, 94),
         Accelerator("H200", 989e12, 141),
         Accelerator("H200-NVL", 835e12, 141),
-        Accelerator("B200", 2.25e15, 192),
+        Accelerator("B200", 2.25e15, 180e9 / 2**30),  # 180 GB per GPU as shipped (HGX/DGX B200)
         Accelerator("MI300X", 1.3e15, 192),
     )
 }

@@ -91,16 +91,35 @@ def activation_bytes_per_layer(
     bytes_per_element: int = 2,
     dropout: bool = True,
     flash_attention: bool = False,
+    kv_heads: int | None = None,
+    ffn_dim: int | None = None,
+    tp: int = 1,
+    sequence_parallel: bool = False,
 ) -> float:
-    """Bytes one transformer layer keeps for backward (Korthikanti et al. 2022, see module doc)."""
+    """Bytes one transformer layer keeps for backward (Korthikanti et al. 2022, see module doc).
+
+    Korthikanti's 16 hidden-sized tensors, by where they live: 4 outside the tensor-parallel
+    regions (2 norm inputs, the inputs of the QKV and the first MLP projection: whole on every
+    TP rank unless `sequence_parallel`) and 12 inside (split t ways): Q, K, V and the attention
+    output projection's input (4), the GeLU MLP's 4h-wide input and output (8). With
+    `kv_heads` (grouped-query attention) K and V count kv_heads/heads of a tensor each; with
+    `ffn_dim` (a SwiGLU MLP, Llama's and Kitchen's) the MLP keeps its gate, up, silu(gate) and
+    product: 4·ffn_dim/h tensors. Defaults give Korthikanti's formula exactly.
+    """
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute: expected one of {list(RECOMPUTE_MODES)}, got {recompute!r}")
     s, b, h, a, e = seq_len, micro_batch, hidden, n_heads, bytes_per_element
+    t = tp
+    outside = t if sequence_parallel else 1  # the norms' region is split by SP only
     if recompute == "full":
-        return s * b * h * e
-    per_layer = s * b * h * (16 * e + (2 if dropout else 0))
+        return s * b * h * e / outside
+    kv = (kv_heads if kv_heads is not None else a) / a
+    mlp = 4 * ffn_dim / h if ffn_dim is not None else 8.0
+    inside = 2 + 2 * kv + mlp
+    masks = 2 if dropout else 0  # the two 1-byte dropout masks after attention and MLP
+    per_layer = s * b * h * ((4 * e + masks) / outside + inside * e / t)
     if recompute == "none" and not flash_attention:
-        per_layer += a * s * s * b * ((2 * e + 1) if dropout else e)
+        per_layer += a * s * s * b * ((2 * e + 1) if dropout else e) / t
     return per_layer
 
 

@@ -11,6 +11,7 @@ formulas live in trainer/sizing/{flops,memory,batch,params}.py, which the traine
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -132,7 +133,35 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--vision-heads", type=int, default=12, help="encoder heads (12)")
     v.add_argument("--pixel-shuffle", type=int, default=1, help="image tokens cut by its square")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.add_argument(
+        "--layouts",
+        action="store_true",
+        help="also cost every TP/PP/CP/DP layout of --gpus and recommend one "
+        "(trainer/sizing/recommend.py)",
+    )
     return p
+
+
+def layout_costs(plan: Plan, a: argparse.Namespace):
+    """(costs fastest first, the recommendation, why) for the layouts of `a.gpus`."""
+    from trainer.sizing import comm, recommend
+
+    s = plan.model.shape
+    shape = comm.ModelShape(
+        s.layers, s.dim, s.heads, s.kv_heads, s.ffn_dim, s.vocab, s.tie_embeddings
+    )
+    gb = int(plan.batch.global_batch.value or 1)
+    costs = recommend.candidates(
+        shape,
+        a.gpus,
+        a.seq_len,
+        global_batch=gb,
+        step_flops=float(plan.compute.flops_per_token.value or 0) * gb * a.seq_len,
+        peak_flops=float(plan.time.peak_flops_per_gpu.value or 0),
+        mfu=a.mfu,
+        memory_gib=float(plan.memory.device_memory.value or 0) / GIB,
+    )
+    return (costs, *recommend.recommend(costs))
 
 
 def _shape(a: argparse.Namespace) -> Shape:
@@ -245,13 +274,13 @@ def make_plan(a: argparse.Namespace) -> Plan:
     )
 
     gpu, peak, basis, mem_gib = _hardware(a)
-    cluster = a.gpus * peak * a.mfu
+    cluster = _data_ranks(a, T) * peak * a.mfu
     seconds = fpt * tokens / cluster
     time = TimeSection(
         accelerator=gpu,
         peak_flops_per_gpu=q(peak, "FLOP/s", f"{a.dtype} dense peak, basis {basis}"),
         mfu=q(a.mfu, "fraction", "assumed (--mfu)"),
-        cluster_flops=q(cluster, "FLOP/s", "GPUs × peak × MFU"),
+        cluster_flops=q(cluster, "FLOP/s", "GPUs used (≤ micro batches per step) × peak × MFU"),
         tokens_per_second=q(cluster / fpt, "tokens/s", "cluster FLOP/s / FLOPs per token"),
         wall_clock=q(seconds, "s", "total FLOPs / cluster FLOP/s"),
         gpu_hours=q(seconds * a.gpus / 3600, "GPU-h", "wall clock × GPUs"),
@@ -358,7 +387,9 @@ def _memory(a: argparse.Namespace, s: Shape, total: float, mem_gib: float) -> Me
     e = 2 if a.dtype == "bf16" else 4
     states, state_bytes = {}, {}
     for level, sharding in enumerate(memory.SHARDINGS):
-        st = memory.model_state_bytes(total, layout=layout, sharding=sharding, world_size=a.gpus)
+        st = memory.model_state_bytes(
+            total, layout=layout, sharding=sharding, world_size=_data_ranks(a, T)
+        )
         state_bytes[sharding] = st.total
         shard = ["", "/R"]
         states[sharding] = ModelStates(
@@ -386,10 +417,16 @@ def _memory(a: argparse.Namespace, s: Shape, total: float, mem_gib: float) -> Me
     out = memory.output_layer_activation_bytes(T, b, d, V, bytes_per_element=e)
     usable = memory.usable_bytes(mem_gib)
     fits: dict[str, dict[str, Fit]] = {}
+    # ZeRO-3/FSDP gathers each layer's whole weights before it runs: the running layer's and
+    # the prefetched next one's are whole at once, in the weights' dtype.
+    layer_params = llama_param_count(d, L, H, s.kv_heads, s.ffn_dim, V, s.tie_embeddings).per_layer
+    gathered = {sharding: 0.0 for sharding in memory.SHARDINGS}
+    gathered["zero3"] = 2 * layer_params * w
     for sharding in memory.SHARDINGS:
         fits[sharding] = {}
         for mode in modes:
             peak = state_bytes[sharding] + L * act_bytes[mode] + out + back_bytes[mode]
+            peak += gathered[sharding]
             fits[sharding][mode] = Fit(bytes=peak, fits=peak <= usable)
     return MemorySection(
         layout=layout,
@@ -407,14 +444,26 @@ def _memory(a: argparse.Namespace, s: Shape, total: float, mem_gib: float) -> Me
         device_memory=q(mem_gib * GIB, "B", "accelerator table (or --memory-gib / RAM)"),
         usable_memory=q(usable, "B", "90% (runtime, fragmentation, buffers)"),
         fits=fits,
-        fits_formula="model states + L × activations per layer + output layer + backward",
+        fits_formula="model states + L × activations per layer + output layer + backward"
+        " (+ ZeRO-3: 2 gathered layers)",
     )
 
 
-def _batch(a: argparse.Namespace, T: int, tokens_per_second: float, budget: float) -> BatchSection:
+def _global_batch(a: argparse.Namespace, T: int) -> int:
+    """Sequences per step: --global-batch, or about 2^20 tokens in whole micro batches."""
     gb = a.global_batch or max(a.micro_batch, round(2**20 / T / a.micro_batch) * a.micro_batch)
     if gb < a.micro_batch:
         raise PlanError(f"--global-batch: {gb} is smaller than --micro-batch {a.micro_batch}")
+    return gb
+
+
+def _data_ranks(a: argparse.Namespace, T: int) -> int:
+    """The GPUs data parallelism can use: one micro batch each at least (the rest idle)."""
+    return min(a.gpus, batch.max_data_parallel(_global_batch(a, T), a.micro_batch))
+
+
+def _batch(a: argparse.Namespace, T: int, tokens_per_second: float, budget: float) -> BatchSection:
+    gb = _global_batch(a, T)
     gb_tokens = gb * T
     max_dp = batch.max_data_parallel(gb, a.micro_batch)
     accum = batch.grad_accumulation(gb, a.micro_batch, a.gpus)
@@ -455,7 +504,19 @@ def main(argv: list[str] | None = None) -> int:
         plan = make_plan(args)
     except PlanError as e:
         parser.error(str(e))
-    print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
+    if not args.layouts:
+        print(json.dumps(plan.to_json(), indent=2) if args.json else render(plan))
+        return 0
+    from trainer.sizing import recommend
+
+    costs, best, why = layout_costs(plan, args)
+    if args.json:
+        out = plan.to_json()
+        out["layouts"] = [dataclasses.asdict(c) for c in costs]
+        out["recommended"] = {"layout": best.layout.describe() if best else None, "why": why}
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        print(render(plan) + "\n\n" + recommend.render(costs, best, why))
     return 0
 
 

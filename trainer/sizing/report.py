@@ -200,13 +200,15 @@ def render(plan: Plan) -> str:
     row("GPU-hours", t.gpu_hours)
 
     section(f"MEMORY PER GPU: model states, {mem.layout} layout, 16 bytes/parameter")
-    lines.append(f"  ({mem.layout_note}; R = {inputs['gpus']} data-parallel ranks)")
-    lines.append(f"  {'':<12}{'weights':>12}{'gradients':>12}{'optimizer':>12}{'total':>12}")
+    ranks = min(inputs["gpus"], int(plan.batch.max_data_parallel.value or inputs["gpus"]))
+    lines.append(f"  ({mem.layout_note}; R = {ranks} data-parallel ranks)")
+    # one space between columns: 1,234.56 GiB fills a column of 12
+    lines.append(f"  {'':<12}{' weights':>13}{' gradients':>13}{' optimizer':>13}{' total':>13}")
     for sharding, st in mem.model_states.items():
         parts = (st.weights, st.gradients, st.optimizer)
-        cells = "".join(f"{fmt(x):>12}" for x in parts)
+        cells = "".join(f" {fmt(x):>12}" for x in parts)
         formula = " + ".join(x.formula for x in parts)
-        lines.append(f"  {SHARDING_LABELS[sharding]:<12}{cells}{fmt(st.total):>12}   {formula}")
+        lines.append(f"  {SHARDING_LABELS[sharding]:<12}{cells} {fmt(st.total):>12}   {formula}")
     lines.append(
         f"  activations per layer (Korthikanti et al. 2022), micro batch {inputs['micro_batch']}"
         f" × {inputs['seq_len']} tokens,"

@@ -1,0 +1,99 @@
+"""One training step under any layout: the parallel pieces composed in torchtitan's order.
+
+`Engine` takes a freshly built Transformer (every rank builds the same one from the seed) and
+applies, in place: pipeline (keep this rank's stages), tensor (+ sequence) parallel, context
+parallel. `forward_backward` runs the micro-batches of one step and leaves each weight's
+gradient of (summed loss / global token count) on the rank that owns it; `clip` then measures
+and clips the global norm. The optimizer steps `engine.part`'s parameters as usual.
+"""
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from protos.layout import ParallelLayout
+from trainer.model import Layout, Transformer, attention_layout
+from trainer.parallel import context, grads, pipeline, tensor
+from trainer.parallel.mesh import Mesh
+
+
+class Engine:
+    def __init__(self, model: Transformer, mesh: Mesh, n_microbatches: int, dtype: torch.dtype):
+        """`n_microbatches`: micro-batches per step (train.grad_accum); the pipeline splits
+        their concatenation back into as many."""
+        self.mesh, self.layout = mesh, mesh.layout
+        lay: ParallelLayout = self.layout
+        self.device = next(model.parameters()).device
+        self.dtype = dtype
+        self.cp_rank = mesh.rank("cp")
+        self.pp_rank = mesh.rank("pp")
+        if lay.pp > 1:
+            pipeline.keep_part(model, lay, self.pp_rank)
+        tensor.apply(model, mesh["tp"], lay.sequence_parallel)
+        if lay.cp > 1:
+            context.apply(model, mesh.group("cp"))
+        self.part: nn.Module = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.loss_scale = 1.0
+        self.n_microbatches = n_microbatches
+        self.schedule: Any = None  # built at the first step, from the micro-batches' shapes
+
+    def attention_layout(self, document_ids: torch.Tensor) -> Layout:
+        """The mask of this rank's tokens; `document_ids` are whole rows under context
+        parallel (context.shard_batch keeps them whole)."""
+        if self.layout.cp > 1:
+            return context.layout(document_ids.cpu(), self.layout.cp, self.cp_rank, self.device)
+        return attention_layout(document_ids.cpu(), self.device, self.dtype)
+
+    def _pipeline_loss(self, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        ops = self.part.ops
+        flat = logits.reshape(-1, logits.shape[-1])
+        return ops.cross_entropy(flat, labels.reshape(-1), reduction="sum") * self.loss_scale
+
+    def forward_backward(self, batches: list[dict], n_tokens: float) -> torch.Tensor:
+        """Forward and backward the step's micro-batches; gradients summed over the replicas.
+        Returns this rank's share of the summed loss: adding every rank's share gives the
+        global summed loss (tensor-parallel ranks compute the same loss: each adds 1/tp)."""
+        batches = [context.shard_batch(b, self.layout.cp, self.cp_rank) for b in batches]
+        batches = [{k: v.to(self.device) for k, v in b.items()} for b in batches]
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        if self.layout.pp == 1:
+            for b in batches:
+                mask = self.attention_layout(b["document_ids"])
+                loss = self.part(b["input_ids"], b["position_ids"], mask, b["labels"])
+                (loss / n_tokens).backward()
+                loss_sum += loss.detach()
+        else:
+            self.loss_scale = 1.0 / n_tokens
+            whole = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
+            if self.schedule is None:
+                self.schedule = pipeline.build_schedule(
+                    self.part,
+                    self.layout,
+                    self.pp_rank,
+                    self.mesh.group("pp"),
+                    batches[0],
+                    self.n_microbatches,
+                    self._pipeline_loss,
+                    self.attention_layout,
+                )
+            losses: list[torch.Tensor] = []
+            self.schedule.step(
+                whole["input_ids"],
+                whole["position_ids"],
+                whole["document_ids"],
+                target=whole["labels"],
+                losses=losses,
+            )
+            for loss in losses:  # only on the rank of the last stage
+                loss_sum += loss.detach().double() * n_tokens
+        grads.sum_over(self.params, self.mesh.replicas.get_group())
+        return loss_sum / self.layout.tp
+
+    def clip(self, max_norm: float) -> float:
+        """Clip to `max_norm` (0: no clipping); the global gradient norm before clipping."""
+        norm = grads.global_norm(self.params, self.mesh.group("pp"))
+        if max_norm > 0:
+            grads.clip(self.params, max_norm, norm)
+        return float(norm)
