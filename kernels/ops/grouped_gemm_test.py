@@ -3,9 +3,9 @@ import torch
 
 import kernels
 from kernels import reference
-from kernels.testing import DTYPES, GRAD_SUM_SLACK, assert_close, leaf, require_triton_interpreter
+from kernels.testing import DTYPES, GRAD_SUM_SLACK, assert_close, leaf, require_triton
 
-require_triton_interpreter()
+require_triton()
 
 # Uneven groups, an empty group first and in the middle, a group wider than one row tile, and
 # widths (K, N) that are not multiples of the blocks.
