@@ -14,6 +14,7 @@ MESSAGE = re.compile(r"^message (\w+) \{(.*?)^\}", re.M | re.S)
 UNSPECIFIED = re.compile(r"^\s*(\w+)_UNSPECIFIED = 0;\s*//\s*(\w+)", re.M)
 SECTION_OF = {"DataConfig": "data", "ModelConfig": "model", "OptimConfig": "optim"}
 SECTION_OF.update(TrainConfig="train", CheckpointConfig="checkpoint", GenerateConfig="generate")
+SECTION_OF.update(ServeConfig="serve")
 
 
 def _literal(type_name: str, text: str):
