@@ -9,6 +9,7 @@ from trainer.model import Transformer
 
 VOCAB = 64
 EOS = VOCAB - 1
+BOS = VOCAB - 2
 
 
 def tiny_model(max_seq_len: int = 96, seed: int = 0) -> Transformer:
@@ -26,8 +27,13 @@ def tiny_model(max_seq_len: int = 96, seed: int = 0) -> Transformer:
 
 
 def decode(ids: list[int]) -> str:
-    """One letter per token id (EOS is no text)."""
-    return "".join(chr(ord("a") + i % 26) for i in ids if i != EOS)
+    """One letter per token id (BOS and EOS are no text)."""
+    return "".join(chr(ord("a") + i % 26) for i in ids if i not in (BOS, EOS))
+
+
+def encode(text: str) -> list[int]:
+    """One token per character; a-z are ids 0-25."""
+    return [(ord(c) - ord("a")) % 26 for c in text]
 
 
 def serve_config(**fields) -> trainer_config_pb2.ServeConfig:
@@ -36,3 +42,13 @@ def serve_config(**fields) -> trainer_config_pb2.ServeConfig:
     for name, value in fields.items():
         setattr(cfg.serve, name, value)
     return defaults.with_defaults(cfg).serve
+
+
+def start_server(model: Transformer, name: str = "tiny", eos_id: int = EOS, **serve):
+    """A live Server of `model` on 127.0.0.1 (any free port) with the toy tokenizer; an
+    `eos_id` outside the vocabulary makes every request run to max_tokens."""
+    from trainer.serve.api import ServedModel
+    from trainer.serve.server import Server
+
+    served = ServedModel(name, encode, BOS, model.rope.cos.shape[0], created=0)
+    return Server(model, serve_config(**serve), served, decode=decode, eos_id=eos_id).start()
