@@ -41,6 +41,12 @@ _GAUGES = [
     ("kitchen_train_padding_ratio", "Share of batch tokens that are padding.", "padding_fraction"),
     ("kitchen_train_grad_norm", "Gradient norm before clipping.", "grad_norm"),
     ("kitchen_train_learning_rate", "Learning rate.", "lr"),
+    # A serve job's heartbeat (trainer/serve/); its latency histograms are on its own /metrics.
+    ("kitchen_serve_running_requests", "Requests in a serve job's batch.", "running_requests"),
+    ("kitchen_serve_waiting_requests", "Requests queued in a serve job.", "waiting_requests"),
+    ("kitchen_serve_kv_blocks_used", "Paged KV-cache blocks in use.", "kv_blocks_used"),
+    ("kitchen_serve_kv_blocks_free", "Paged KV-cache blocks free.", "kv_blocks_free"),
+    ("kitchen_serve_job_preemptions", "Requests preempted for KV blocks.", "serve_preemptions"),
 ]
 
 

@@ -195,6 +195,16 @@ def generate_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
     return ExitCode.OK
 
 
+def serve_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
+    """The checkpoint served over an OpenAI-compatible API until stopped (trainer/serve/)."""
+    from trainer.data.tokenizer import load_tokenizer
+    from trainer.serve.server import serve
+
+    model, meta, path = load_checkpoint_model(cfg, Path(attempt.run_dir), env, log)
+    tokenizer = load_tokenizer(_dataset_of(meta, cfg, attempt, env, log))
+    return serve(model, tokenizer, meta.model.max_seq_len, cfg.serve, attempt, log, client)
+
+
 def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     """The job of `attempt.spec.kind`."""
     kind = attempt.spec.kind
@@ -209,6 +219,8 @@ def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
         return train(cfg, attempt, env, log, client)
     if kind == job_pb2.EVAL:
         return evaluate_job(cfg, attempt, env, log)
+    if kind == job_pb2.SERVE:
+        return serve_job(cfg, attempt, env, log, client)
     return generate_job(cfg, attempt, env, log)
 
 

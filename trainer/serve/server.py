@@ -15,8 +15,10 @@ import time
 
 import uvicorn
 
-from protos import progress_pb2, trainer_config_pb2
+from protos import attempt_pb2, progress_pb2, trainer_config_pb2
 from protos.exit_codes import ExitCode
+from trainer.data.tokenizer import Tokenizer
+from trainer.loop import install_sigterm_handler
 from trainer.model import Transformer
 from trainer.serve.api import ServedModel, create_app
 from trainer.serve.engine import Engine
@@ -83,44 +85,42 @@ class Server:
             endpoint=self.endpoint,
             serve_preemptions=e.preemptions,
             requests_finished=e.finished,
-            tokens_per_second=0.0,
             **self.runner.load(),
         )
 
 
-def serve_job(cfg: trainer_config_pb2.TrainerConfig, attempt, env, log, client) -> ExitCode:
-    """The `serve` job: loads the checkpoint and serves it until SIGTERM or the launcher's
-    stop. `cfg` is resolved (defaults applied)."""
-    from pathlib import Path
-
-    from trainer.data.tokenizer import load_tokenizer
-    from trainer.loop import install_sigterm_handler
-    from trainer.main import _dataset_of, load_checkpoint_model
-
-    model, meta, path = load_checkpoint_model(cfg, Path(attempt.run_dir), env, log)
-    tokenizer = load_tokenizer(_dataset_of(meta, cfg, attempt, env, log))
+def serve(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    max_len: int,
+    cfg: trainer_config_pb2.ServeConfig,
+    attempt: attempt_pb2.Attempt,
+    log,
+    client,
+) -> ExitCode:
+    """The `serve` job: serves `model` until SIGTERM or the launcher's stop, reporting a
+    heartbeat to `client` (a ProgressClient, or None run by hand). `cfg` has its defaults."""
     served = ServedModel(
-        name=cfg.serve.model_name or attempt.spec.name,
+        name=cfg.model_name or attempt.spec.name,
         encode=tokenizer.encode,
         bos_id=tokenizer.bos_id,
-        max_len=meta.model.max_seq_len,
+        max_len=max_len,
         created=int(time.time()),
     )
     sigterm = install_sigterm_handler()
-    server = Server(model, cfg.serve, served, decode=tokenizer.decode, eos_id=tokenizer.eos_id)
+    server = Server(model, cfg, served, decode=tokenizer.decode, eos_id=tokenizer.eos_id)
     server.start()
-    log(f"serving {served.name} ({path}) at {server.endpoint}: OpenAI API under /v1")
+    log(f"serving {served.name} at {server.endpoint}: OpenAI API under /v1")
     stop_requested = client.stop_requested.is_set if client else (lambda: False)
     tokens, last = 0, time.monotonic()
     while not (sigterm() or stop_requested()):
         beat = server.heartbeat(attempt.job_id, attempt.number)
-        generated = server.runner.generated
-        now = time.monotonic()
+        generated, now = server.runner.generated, time.monotonic()
         beat.tokens_per_second = (generated - tokens) / max(now - last, 1e-9)
         beat.tokens_total, tokens, last = generated, generated, now
         if client is not None:
             client.send(beat)
-        deadline = now + cfg.serve.heartbeat_seconds
+        deadline = now + cfg.heartbeat_seconds
         while time.monotonic() < deadline and not (sigterm() or stop_requested()):
             time.sleep(0.1)
     log("stopping: draining open requests")
