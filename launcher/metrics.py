@@ -47,6 +47,10 @@ _GAUGES = [
     ("kitchen_serve_kv_blocks_used", "Paged KV-cache blocks in use.", "kv_blocks_used"),
     ("kitchen_serve_kv_blocks_free", "Paged KV-cache blocks free.", "kv_blocks_free"),
     ("kitchen_serve_job_preemptions", "Requests preempted for KV blocks.", "serve_preemptions"),
+    ("kitchen_serve_ttft_p50_seconds", "Time to first token, median.", "ttft_p50_seconds"),
+    ("kitchen_serve_ttft_p99_seconds", "Time to first token, p99.", "ttft_p99_seconds"),
+    ("kitchen_serve_itl_p50_seconds", "Inter-token latency, median.", "itl_p50_seconds"),
+    ("kitchen_serve_itl_p99_seconds", "Inter-token latency, p99.", "itl_p99_seconds"),
 ]
 
 

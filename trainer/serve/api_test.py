@@ -229,3 +229,17 @@ def http_get_text(server, path: str) -> str:
     text = conn.getresponse().read().decode()
     conn.close()
     return text
+
+
+def test_metrics_and_heartbeat_latency_window(client, server):
+    server.runner.window_quantiles()  # start a fresh window
+    client.completions.create(model="tiny", prompt="window", max_tokens=5, temperature=0)
+    window = server.runner.window_quantiles()
+    assert 0 < window["ttft_p50_seconds"] <= window["ttft_p99_seconds"]
+    assert 0 < window["itl_p50_seconds"] <= window["itl_p99_seconds"]
+    assert set(server.runner.window_quantiles().values()) == {0.0}  # nothing since
+    text = http_get_text(server, "/metrics")
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
+        assert f'kitchen_serve_{name}_count{{model_name="tiny"}}' in text
+    beat = server.heartbeat("j1", 1)
+    assert beat.endpoint == server.endpoint and beat.kv_blocks_free > 0

@@ -42,6 +42,8 @@ class EngineRunner:
         self._live: dict[str, _Timing] = {}
         self._draining = False
         self.generated = 0  # tokens generated so far (the heartbeat's throughput)
+        self._ttft: list[float] = []  # since the last `window_quantiles`
+        self._itl: list[float] = []
         self._stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
 
@@ -83,6 +85,19 @@ class EngineRunner:
             "kv_blocks_free": e.cache.allocator.free,
         }
 
+    def window_quantiles(self) -> dict[str, float]:
+        """p50 and p99 of time to first token and inter-token latency since the last call
+        (0 when no token came): what a heartbeat reports."""
+        ttft, self._ttft = self._ttft, []
+        itl, self._itl = self._itl, []
+        out = {}
+        for name, values in (("ttft", ttft), ("itl", itl)):
+            values.sort()
+            for q in (50, 99):
+                index = min(len(values) - 1, len(values) * q // 100)
+                out[f"{name}_p{q}_seconds"] = values[index] if values else 0.0
+        return out
+
     def _run(self) -> None:
         while True:
             idle = not self.engine.has_work()
@@ -121,8 +136,10 @@ class EngineRunner:
                 self.generated += len(out.token_ids)
                 if timing.last_token:
                     m.inter_token_latency.observe(now - timing.last_token)
+                    self._itl.append(now - timing.last_token)
                 else:
                     m.time_to_first_token.observe(now - timing.arrived)
+                    self._ttft.append(now - timing.arrived)
                 timing.last_token = now
             if out.finish is not None:
                 m.e2e_latency.observe(now - timing.arrived)

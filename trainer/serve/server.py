@@ -86,6 +86,7 @@ class Server:
             serve_preemptions=e.preemptions,
             requests_finished=e.finished,
             **self.runner.load(),
+            **self.runner.window_quantiles(),
         )
 
 
