@@ -32,6 +32,10 @@ class ApiError(Exception):
         self.kind = kind or "invalid_request_error"
 
 
+class StreamOptions(BaseModel):
+    include_usage: bool = False  # a last chunk with token counts and no choices
+
+
 class _Sampling(BaseModel):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -41,6 +45,7 @@ class _Sampling(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
 
 
@@ -168,8 +173,9 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
             raise ApiError(503, str(e), None, "server_shutting_down") from e
         reply = _Reply(rid, model.name, chat, len(prompt))
         if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(
-                _stream(reply, outputs, runner), media_type="text/event-stream"
+                _stream(reply, outputs, runner, usage), media_type="text/event-stream"
             )
         return await _whole(reply, outputs, runner, request)
 
@@ -198,32 +204,38 @@ class _Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "choices": [choice]}  # fmt: skip
 
+    def usage(self, completion_tokens: int) -> dict:
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens}
+        return {**usage, "total_tokens": self.prompt_tokens + completion_tokens}
+
     def whole(self, text: str, finish: str, completion_tokens: int) -> dict:
         out = self.chunk(text, finish)
         if self.chat:
             message = {"role": "assistant", "content": text}
             out["choices"] = [{"index": 0, "message": message, "finish_reason": finish}]
             out["object"] = "chat.completion"
-        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens}
-        out["usage"] = {**usage, "total_tokens": self.prompt_tokens + completion_tokens}
+        out["usage"] = self.usage(completion_tokens)
         return out
 
 
 async def _stream(
-    reply: _Reply, outputs: asyncio.Queue, runner: EngineRunner
+    reply: _Reply, outputs: asyncio.Queue, runner: EngineRunner, usage: bool
 ) -> AsyncIterator[str]:
     """Server-sent events; a client that goes away cancels this generator, and so its
-    request (finally: abort frees its KV blocks)."""
-    finished = False
+    request (finally: abort frees its KV blocks). `usage`: a last chunk with token counts."""
+    finished, tokens = False, 0
     try:
         if reply.chat:
             yield f"data: {json.dumps(reply.chunk('', None, first=True))}\n\n"
         while not finished:
             out = await outputs.get()
-            finished = out.finish is not None
+            finished, tokens = out.finish is not None, tokens + len(out.token_ids)
             finish = out.finish.value if out.finish else None
             if out.text or finished:
                 yield f"data: {json.dumps(reply.chunk(out.text, finish))}\n\n"
+        if usage:
+            last = {**reply.chunk("", None), "choices": [], "usage": reply.usage(tokens)}
+            yield f"data: {json.dumps(last)}\n\n"
         yield "data: [DONE]\n\n"
     finally:
         if not finished:

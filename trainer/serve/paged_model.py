@@ -30,32 +30,36 @@ class StepBatch:
     """The index tensors of one step, built once and shared by every layer."""
 
     def __init__(self, runs: list[Run], cache: PagedKVCache, device):
-        lengths = [len(r.tokens) for r in runs]
-        contexts = [r.start + n for r, n in zip(runs, lengths, strict=True)]
-        self.ids = torch.tensor([t for r in runs for t in r.tokens], device=device)[None]
-        self.positions = torch.cat(
-            [torch.arange(r.start, c) for r, c in zip(runs, contexts, strict=True)]
-        ).to(device)[None]
-        self.slots = torch.cat(
-            [cache.slots(r.table, r.start, c) for r, c in zip(runs, contexts, strict=True)]
-        ).to(device)
-        batch, max_new, max_ctx = len(runs), max(lengths), max(contexts)
+        bs = cache.block_size
+        starts = torch.tensor([r.start for r in runs])
+        lengths = torch.tensor([len(r.tokens) for r in runs])
+        contexts = starts + lengths
+        batch, max_new, max_ctx = len(runs), int(lengths.max()), int(contexts.max())
+        tables = torch.zeros(batch, -(-max_ctx // bs), dtype=torch.long)
+        for i, r in enumerate(runs):
+            tables[i, : len(r.table)] = torch.tensor(r.table[: tables.shape[1]])
+        key = torch.arange(max_ctx)
+        # Pool slot of every context position of every run (padding points at some slot).
+        context_slots = tables[:, key // bs] * bs + key % bs
         # Where each packed token sits in the padded (batch, max_new) query grid.
-        self.row = torch.repeat_interleave(torch.arange(batch), torch.tensor(lengths)).to(device)
-        self.col = torch.cat([torch.arange(n) for n in lengths]).to(device)
-        context_slots = torch.zeros(batch, max_ctx, dtype=torch.long)
-        mask = torch.zeros(batch, 1, max_new, max_ctx, dtype=torch.bool)
-        for i, (r, c) in enumerate(zip(runs, contexts, strict=True)):
-            context_slots[i, :c] = cache.slots(r.table, 0, c)
-            # Query j of this run sits at position start + j and sees keys 0..start + j.
-            mask[i, 0, : c - r.start, :c] = torch.ones(c - r.start, c, dtype=torch.bool).tril(
-                r.start
-            )
-        mask[:, :, :, 0] |= ~mask.any(dim=-1)  # padded query rows see one key: no NaN rows
+        self.row = torch.repeat_interleave(torch.arange(batch), lengths)
+        self.col = torch.arange(int(lengths.sum())) - torch.repeat_interleave(
+            lengths.cumsum(0) - lengths, lengths
+        )
+        positions = starts[self.row] + self.col
+        self.ids = torch.tensor([t for r in runs for t in r.tokens], device=device)[None]
+        self.positions = positions.to(device)[None]
+        self.slots = context_slots[self.row, positions].to(device)
+        # Query j of a run sits at position start + j and sees keys 0..start + j.
+        query = torch.arange(max_new)
+        mask = key[None, None, :] <= starts[:, None, None] + query[None, :, None]
+        mask &= query[None, :, None] < lengths[:, None, None]
+        mask[:, :, 0] |= ~mask.any(dim=-1)  # padded query rows see one key: no NaN rows
         self.context_slots = context_slots.to(device)
-        self.mask = mask.to(device)
+        self.mask = mask[:, None].to(device)
+        self.row, self.col = self.row.to(device), self.col.to(device)
         self.shape = (batch, max_new)
-        self.last = torch.tensor(lengths).cumsum(0).to(device) - 1  # each run's last token
+        self.last = (lengths.cumsum(0) - 1).to(device)  # each run's last token
 
 
 def _attention(attn, x, cos, sin, step: StepBatch, cache: PagedKVCache, layer: int):

@@ -16,7 +16,7 @@ PROMPT = "def "
 def wait_for_endpoint(log_path, process, timeout=60.0) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = re.search(r"serving \S+ at (http://\S+):", log_path.read_text())
+        found = re.search(r"serving on (http://\S+)/v1", log_path.read_text())
         if found:
             return found.group(1)
         assert process.poll() is None, log_path.read_text()

@@ -5,10 +5,12 @@ load to the launcher every serve.heartbeat_seconds (the heartbeat also keeps the
 quiet while it is healthy), and on SIGTERM or the launcher's stop drains: uvicorn stops
 accepting connections and waits for the open ones, the engine finishes every request it holds,
 then the job exits 75 (ExitCode.PREEMPTED, as a stopped training job does): the launcher makes
-that CANCELLED after a cancel and re-queues it after a preemption.
+that CANCELLED after a cancel and re-queues it after a preemption. Ctrl-C (SIGINT) on a job run
+by hand drains the same way and exits 0.
 """
 
 import asyncio
+import signal
 import socket
 import threading
 import time
@@ -109,12 +111,18 @@ def serve(
         created=int(time.time()),
     )
     sigterm = install_sigterm_handler()
+    interrupted: list[int] = []  # Ctrl-C on a job run by hand: drain, then exit 0
+    signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     server = Server(model, cfg, served, decode=tokenizer.decode, eos_id=tokenizer.eos_id)
     server.start()
-    log(f"serving {served.name} at {server.endpoint}: OpenAI API under /v1")
-    stop_requested = client.stop_requested.is_set if client else (lambda: False)
+    log(f"serving on {server.endpoint}/v1: model {served.name!r} (OpenAI API)")
+    launcher_stop = client.stop_requested.is_set if client else (lambda: False)
+
+    def stop_requested() -> bool:
+        return sigterm() or bool(interrupted) or launcher_stop()
+
     tokens, last = 0, time.monotonic()
-    while not (sigterm() or stop_requested()):
+    while not stop_requested():
         beat = server.heartbeat(attempt.job_id, attempt.number)
         generated, now = server.runner.generated, time.monotonic()
         beat.tokens_per_second = (generated - tokens) / max(now - last, 1e-9)
@@ -122,10 +130,10 @@ def serve(
         if client is not None:
             client.send(beat)
         deadline = now + cfg.heartbeat_seconds
-        while time.monotonic() < deadline and not (sigterm() or stop_requested()):
+        while time.monotonic() < deadline and not stop_requested():
             time.sleep(0.1)
     log("stopping: draining open requests")
     clean = server.stop()
     served_count = server.runner.engine.finished
     log(f"stopped ({'drained' if clean else 'drain timed out'}); {served_count} requests served")
-    return ExitCode.PREEMPTED
+    return ExitCode.OK if interrupted and not sigterm() else ExitCode.PREEMPTED
