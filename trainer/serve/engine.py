@@ -45,7 +45,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: the queues look requests up often
 class Request:
     id: str
     prompt: list[int]
@@ -63,6 +63,10 @@ class Request:
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
 
 
 @dataclass(frozen=True)
@@ -144,7 +148,7 @@ class Engine:
         logits = forward_step(self.model, runs, self.cache)
         for i, (r, n) in enumerate(scheduled):
             r.computed += n
-            if r.computed < len(r.tokens):
+            if r.computed < r.length:
                 continue  # a prefill chunk: the prompt is not all read yet
             outputs.append(self._append(r, logits[i : i + 1]))
         for r in [r for r in self.running if r.finish is not None]:
@@ -156,7 +160,7 @@ class Engine:
         decoding request finds no free block."""
         budget = self.cfg.max_batch_tokens
         scheduled: list[tuple[Request, int]] = []
-        decoding = [r for r in self.running if len(r.tokens) - r.computed == 1]
+        decoding = [r for r in self.running if r.length - r.computed == 1]
         for r in decoding:
             if budget == 0:
                 break
@@ -171,7 +175,7 @@ class Engine:
                 scheduled.append((r, 1))
                 budget -= 1
         for r in self.running:
-            left = len(r.tokens) - r.computed
+            left = r.length - r.computed
             if left > 1 and budget > 0:
                 n = self._chunk(r, min(left, budget))
                 if n:
@@ -179,7 +183,7 @@ class Engine:
                     budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_running:
             r = self.waiting[0]
-            n = self._chunk(r, min(len(r.tokens) - r.computed, budget))
+            n = self._chunk(r, min(r.length - r.computed, budget))
             if not n:
                 break  # no free block: it waits for one (admission never preempts)
             self.waiting.popleft()
@@ -226,7 +230,7 @@ class Engine:
         cut = min((i for i in (r.text.find(s) for s in p.stop) if i >= 0), default=-1)
         if cut >= 0:
             r.text, finish = r.text[:cut], FinishReason.STOP
-        elif finish is None and (len(r.output) >= p.max_tokens or len(r.tokens) >= self.max_len):
+        elif finish is None and (len(r.output) >= p.max_tokens or r.length >= self.max_len):
             finish = FinishReason.LENGTH
         ready = len(r.text)
         if finish is None:  # hold back half a character and what may start a stop string

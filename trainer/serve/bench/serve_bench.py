@@ -2,8 +2,8 @@
 
     python -m trainer.serve.bench.serve_bench [--clients 1,8,32,128] [--max-tokens 64]
 
-The same randomly initialised model (the guides' default size: dim 256, 4 layers, 8 heads,
-vocab 4096, 256 positions) is served twice on 127.0.0.1: once as configured (continuous
+The same randomly initialised model (the shape docs/serve.md serves: dim 128, 2 layers, 4
+heads, vocab 4096, 128 positions) is served twice on 127.0.0.1: once as configured (continuous
 batching, paged KV cache), once with serve.max_running 1, which is a server that runs one
 request at a time. Each of N concurrent clients streams requests one after another (a prompt
 of 16 tokens, exactly --max-tokens new tokens: end of text is switched off so that every
@@ -32,6 +32,7 @@ PROMPT = "x" * 15  # with BOS: 16 tokens
 
 def bench_model() -> Transformer:
     cfg = trainer_config_pb2.TrainerConfig()
+    cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.model.max_seq_len = 128, 2, 4, 128
     cfg.model.use_kernels = False  # the PyTorch reference path, as a CPU job runs
     torch.manual_seed(0)
     return Transformer(defaults.with_defaults(cfg).model, VOCAB).eval()
@@ -41,7 +42,7 @@ def start(model: Transformer, **serve) -> Server:
     cfg = trainer_config_pb2.TrainerConfig()
     for name, value in serve.items():
         setattr(cfg.serve, name, value)
-    served = ServedModel("bench", lambda text: [ord(c) for c in text], 1, 256, created=0)
+    served = ServedModel("bench", lambda text: [ord(c) for c in text], 1, 128, created=0)
     decode = lambda ids: "".join(chr(97 + i % 26) for i in ids)  # noqa: E731
     return Server(model, defaults.with_defaults(cfg).serve, served, decode=decode, eos_id=VOCAB)
 
