@@ -42,6 +42,7 @@ GUIDES = (
     "eval.md",
     "generate.md",
     "launcher.md",
+    "serve.md",
 )
 # Guides with shell blocks that are not walkthroughs run here (each says where it is tested).
 NOT_RUN_HERE = {"observability.md": "needs Prometheus; tests/ and observability/ cover it"}

@@ -7,6 +7,7 @@ naming the field: 400 for bad input (malformed JSON included: FastAPI's 422 is t
 """
 
 import asyncio
+import dataclasses
 import json
 import time
 import uuid
@@ -111,7 +112,7 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
 
     @app.get("/health")
     async def health() -> dict:
-        return {"status": "ok", **runner.load()}
+        return {"status": "ok", **dataclasses.asdict(runner.load())}
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -162,11 +163,12 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         outputs: asyncio.Queue[Output] = asyncio.Queue()
         loop = asyncio.get_running_loop()
+
+        def deliver(out: Output) -> None:  # on the engine's thread
+            loop.call_soon_threadsafe(outputs.put_nowait, out)
+
         try:
-            runner.submit(
-                EngineRequest(rid, prompt, params),
-                lambda out: loop.call_soon_threadsafe(outputs.put_nowait, out),
-            )
+            runner.submit(EngineRequest(rid, prompt, params), deliver)
         except Overloaded as e:
             raise ApiError(429, str(e), None, "rate_limit_exceeded") from e
         except Draining as e:

@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from trainer.generate import generate
+from trainer.serve.runner import Latency
 from trainer.serve.testing import BOS, EOS, VOCAB, decode, encode, start_server, tiny_model
 
 MAX_LEN = 128
@@ -232,12 +233,12 @@ def http_get_text(server, path: str) -> str:
 
 
 def test_metrics_and_heartbeat_latency_window(client, server):
-    server.runner.window_quantiles()  # start a fresh window
+    server.runner.window_latency()  # start a fresh window
     client.completions.create(model="tiny", prompt="window", max_tokens=5, temperature=0)
-    window = server.runner.window_quantiles()
-    assert 0 < window["ttft_p50_seconds"] <= window["ttft_p99_seconds"]
-    assert 0 < window["itl_p50_seconds"] <= window["itl_p99_seconds"]
-    assert set(server.runner.window_quantiles().values()) == {0.0}  # nothing since
+    window = server.runner.window_latency()
+    assert 0 < window.ttft_p50_seconds <= window.ttft_p99_seconds
+    assert 0 < window.itl_p50_seconds <= window.itl_p99_seconds
+    assert server.runner.window_latency() == Latency(0.0, 0.0, 0.0, 0.0)  # nothing since
     text = http_get_text(server, "/metrics")
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
         assert f'kitchen_serve_{name}_count{{model_name="tiny"}}' in text

@@ -26,6 +26,33 @@ class Draining(Exception):
     """The server is stopping: it finishes what it has and takes nothing new (503)."""
 
 
+@dataclass(frozen=True)
+class Load:
+    """What the engine holds now (the heartbeat's and /health's numbers)."""
+
+    running_requests: int
+    waiting_requests: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+
+
+@dataclass(frozen=True)
+class Latency:
+    """p50 and p99 of one window of requests (0: no token came in it)."""
+
+    ttft_p50_seconds: float
+    ttft_p99_seconds: float
+    itl_p50_seconds: float
+    itl_p99_seconds: float
+
+
+def _p50_p99(values: list[float]) -> tuple[float, float]:
+    values = sorted(values)
+    if not values:
+        return 0.0, 0.0
+    return values[len(values) // 2], values[min(len(values) - 1, len(values) * 99 // 100)]
+
+
 @dataclass
 class _Timing:
     sink: Sink
@@ -42,7 +69,7 @@ class EngineRunner:
         self._live: dict[str, _Timing] = {}
         self._draining = False
         self.generated = 0  # tokens generated so far (the heartbeat's throughput)
-        self._ttft: list[float] = []  # since the last `window_quantiles`
+        self._ttft: list[float] = []  # since the last `window_latency`
         self._itl: list[float] = []
         self._stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
@@ -74,29 +101,23 @@ class EngineRunner:
         self._inbox.put(("wake", None, None))
         return self._stopped.wait(timeout)
 
-    def load(self) -> dict[str, int]:
-        """Running and waiting requests, KV blocks used and free (read without locking: a
-        heartbeat may see a step half-way, which a gauge can live with)."""
+    def load(self) -> Load:
+        """Read without locking: a heartbeat may see a step half-way, which a gauge can live
+        with."""
         e = self.engine
-        return {
-            "running_requests": len(e.running),
-            "waiting_requests": len(e.waiting) + self._inbox.qsize(),
-            "kv_blocks_used": e.cache.allocator.used,
-            "kv_blocks_free": e.cache.allocator.free,
-        }
+        return Load(
+            running_requests=len(e.running),
+            waiting_requests=len(e.waiting) + self._inbox.qsize(),
+            kv_blocks_used=e.cache.allocator.used,
+            kv_blocks_free=e.cache.allocator.free,
+        )
 
-    def window_quantiles(self) -> dict[str, float]:
-        """p50 and p99 of time to first token and inter-token latency since the last call
-        (0 when no token came): what a heartbeat reports."""
+    def window_latency(self) -> Latency:
+        """Time to first token and inter-token latency since the last call (the heartbeat's
+        window)."""
         ttft, self._ttft = self._ttft, []
         itl, self._itl = self._itl, []
-        out = {}
-        for name, values in (("ttft", ttft), ("itl", itl)):
-            values.sort()
-            for q in (50, 99):
-                index = min(len(values) - 1, len(values) * q // 100)
-                out[f"{name}_p{q}_seconds"] = values[index] if values else 0.0
-        return out
+        return Latency(*_p50_p99(ttft), *_p50_p99(itl))
 
     def _run(self) -> None:
         while True:
@@ -150,7 +171,7 @@ class EngineRunner:
         with self._lock:
             self._queued = len(self.engine.waiting) + self._inbox.qsize()
         load = self.load()
-        m.running.set(load["running_requests"])
-        m.waiting.set(load["waiting_requests"])
-        m.blocks_used.set(load["kv_blocks_used"])
-        m.blocks_free.set(load["kv_blocks_free"])
+        m.running.set(load.running_requests)
+        m.waiting.set(load.waiting_requests)
+        m.blocks_used.set(load.kv_blocks_used)
+        m.blocks_free.set(load.kv_blocks_free)

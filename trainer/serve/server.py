@@ -80,16 +80,26 @@ class Server:
 
     def heartbeat(self, job_id: str, attempt: int) -> progress_pb2.Progress:
         e = self.runner.engine
-        return progress_pb2.Progress(
+        beat = progress_pb2.Progress(
             job_id=job_id,
             attempt=attempt,
             phase="serve",
             endpoint=self.endpoint,
             serve_preemptions=e.preemptions,
             requests_finished=e.finished,
-            **self.runner.load(),
-            **self.runner.window_quantiles(),
         )
+        load, latency = self.runner.load(), self.runner.window_latency()
+        beat.running_requests, beat.waiting_requests = load.running_requests, load.waiting_requests
+        beat.kv_blocks_used, beat.kv_blocks_free = load.kv_blocks_used, load.kv_blocks_free
+        beat.ttft_p50_seconds, beat.ttft_p99_seconds = (
+            latency.ttft_p50_seconds,
+            latency.ttft_p99_seconds,
+        )
+        beat.itl_p50_seconds, beat.itl_p99_seconds = (
+            latency.itl_p50_seconds,
+            latency.itl_p99_seconds,
+        )
+        return beat
 
 
 def serve(

@@ -39,7 +39,7 @@ class Result:
 
 def one_request(endpoint: str, body: dict) -> Record:
     url = urlparse(endpoint)
-    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=600)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=600)
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
