@@ -73,7 +73,7 @@ def serving(job: job_pb2.Job) -> str:
     blocks = p.kv_blocks_used + p.kv_blocks_free
     return (
         f"{p.endpoint}/v1: {p.running_requests} running, {p.waiting_requests} waiting, "
-        f"KV blocks {p.kv_blocks_used}/{blocks}, {rate(p.tokens_per_second)}, "
+        f"KV blocks {p.kv_blocks_used}/{blocks}, {rate(p.generated_tokens_per_second)}, "
         f"{p.requests_finished:,} requests served"
     )
 

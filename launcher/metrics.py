@@ -51,6 +51,11 @@ _GAUGES = [
     ("kitchen_serve_ttft_p99_seconds", "Time to first token, p99.", "ttft_p99_seconds"),
     ("kitchen_serve_itl_p50_seconds", "Inter-token latency, median.", "itl_p50_seconds"),
     ("kitchen_serve_itl_p99_seconds", "Inter-token latency, p99.", "itl_p99_seconds"),
+    (
+        "kitchen_serve_generated_tokens_per_second",
+        "Tokens a serve job generated per second.",
+        "generated_tokens_per_second",
+    ),
 ]
 
 

@@ -26,7 +26,7 @@ RUNNING = _series("kitchen_serve_running_requests")
 WAITING = _series("kitchen_serve_waiting_requests")
 USED = _series("kitchen_serve_kv_blocks_used")
 FREE = _series("kitchen_serve_kv_blocks_free")
-TOKENS = _series("kitchen_train_tokens_per_second")  # a serve job reports generated tokens/s
+TOKENS = _series("kitchen_serve_generated_tokens_per_second")
 TTFT_P50, TTFT_P99 = (
     _series("kitchen_serve_ttft_p50_seconds"),
     _series("kitchen_serve_ttft_p99_seconds"),

@@ -135,8 +135,8 @@ def serve(
     while not stop_requested():
         beat = server.heartbeat(attempt.job_id, attempt.number)
         generated, now = server.runner.generated, time.monotonic()
-        beat.tokens_per_second = (generated - tokens) / max(now - last, 1e-9)
-        beat.tokens_total, tokens, last = generated, generated, now
+        beat.generated_tokens_per_second = (generated - tokens) / max(now - last, 1e-9)
+        tokens, last = generated, now
         if client is not None:
             client.send(beat)
         deadline = now + cfg.heartbeat_seconds
