@@ -126,8 +126,11 @@ def cmd_cancel(client, args, out):
     job = client.cancel(args.job)
     state = job_pb2.JobState.Name(job.state)
     if job.stop == job_pb2.STOP_CANCEL:
+        saves = "the trainer saves a checkpoint"
+        if job.spec.kind == job_pb2.SERVE:
+            saves = "the server finishes its open requests"
         print(
-            f"{job.id}: stopping (the trainer saves a checkpoint); `kitchen watch {job.id}`",
+            f"{job.id}: stopping ({saves}); `kitchen watch {job.id}`",
             file=out,
         )
     else:
