@@ -26,13 +26,17 @@ def wait_for_endpoint(log_path, process, timeout=60.0) -> str:
 
 def test_serve_job_answers_like_the_generate_job_and_drains_on_sigterm(tmp_path):
     cache = tmp_path / "cache"
-    train = testing.write_job(tmp_path / "train.yaml", testing.tiny_job(cache, steps=8))
-    assert testing.run_trainer("--config", train, "--run-dir", tmp_path / "run").returncode == 0
+    train = testing.write_job(tmp_path / "train.yaml", testing.tiny_job(cache, steps=4))
+    # Timeouts for a loaded machine: three trainer processes start here (torch imports).
+    trained = testing.run_trainer("--config", train, "--run-dir", tmp_path / "run", timeout=300)
+    assert trained.returncode == 0, trained.stderr
     checkpoint = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))[-1]
     sampling = {"prompt": PROMPT, "max_new_tokens": 30, "temperature": 0}
     gen = testing.tiny_job(cache, kind="GENERATE", checkpoint={"path": str(checkpoint)})
     gen["trainer"]["generate"] = sampling
-    done = testing.run_trainer("--config", testing.write_job(tmp_path / "gen.yaml", gen))
+    done = testing.run_trainer(
+        "--config", testing.write_job(tmp_path / "gen.yaml", gen), timeout=300
+    )
     assert done.returncode == 0, done.stderr
 
     serve = testing.tiny_job(cache, kind="SERVE", checkpoint={"path": str(checkpoint)})
@@ -42,7 +46,7 @@ def test_serve_job_answers_like_the_generate_job_and_drains_on_sigterm(tmp_path)
     config = testing.write_job(tmp_path / "serve.yaml", serve)
     process = testing.start_trainer("--config", config, "--run-dir", tmp_path / "s", log_path=log)
     try:
-        endpoint = wait_for_endpoint(log, process)
+        endpoint = wait_for_endpoint(log, process, timeout=300)
         client = openai.OpenAI(base_url=endpoint + "/v1", api_key="-", max_retries=0)
         got = client.completions.create(
             model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=0
