@@ -9,10 +9,13 @@ from urllib.parse import urlparse
 
 import openai
 import pytest
+import torch
 
 from trainer.generate import generate
 from trainer.serve.runner import Latency
 from trainer.serve.testing import BOS, EOS, VOCAB, decode, encode, start_server, tiny_model
+
+torch.set_num_threads(1)  # tiny ops: several threads only spin on a shared machine
 
 MAX_LEN = 128
 

@@ -4,11 +4,14 @@ preemption and aborts must not change what a greedy request generates."""
 import random
 
 import pytest
+import torch
 
 from trainer.generate import generate
 from trainer.serve.engine import Engine, FinishReason, Request, SamplingParams
 from trainer.serve.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache
 from trainer.serve.testing import EOS, VOCAB, decode, serve_config, tiny_model
+
+torch.set_num_threads(1)  # tiny ops: several threads only spin on a shared machine
 
 MAX_LEN = 96
 
