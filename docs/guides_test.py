@@ -50,6 +50,7 @@ GUIDES = (
     "interop.md",
     "vlm.md",
     "parallelism.md",
+    "serve.md",
 )
 # Each test target (docs/BUILD.bazel, GUIDE_GROUPS) runs one group: the guides a group's last
 # ones need, in the order above, in one fresh workspace. A guide that only needs the precooked
@@ -57,7 +58,9 @@ GUIDES = (
 # a slow guide fails alone. Job ids stay those of the full path: the replayed guides are its
 # prefix, and the guides after them start their jobs by hand (`//trainer:train --run-dir`).
 GROUPS = {
-    "path": GUIDES[:9],  # README to images: the walkthrough, with its launcher
+    # README to images, the walkthrough; serve.md runs in the launcher guide's launcher (its
+    # job is j3 there, after launcher.md's j1 and j2).
+    "path": (*GUIDES[:9], "serve.md"),
     "reliability": ("precook.md", "reliability.md"),
     "rlhf": ("precook.md", "pretrain.md", "sft.md", "rlhf.md"),
     "moe": ("precook.md", "moe.md"),

@@ -69,6 +69,7 @@ def test_trainer_layers_are_split_for_caching(images):
 
     deps_names = layer_names(layout, deps_layer)
     assert f"{SITE}grpc/__init__.py" in deps_names
+    assert f"{SITE}fastapi/__init__.py" in deps_names  # kind: serve
     assert not any(n.startswith((f"{SITE}torch/", f"{SITE}numpy/")) for n in deps_names), (
         "packages of the torch layer must not be repeated in the deps layer"
     )
@@ -76,6 +77,7 @@ def test_trainer_layers_are_split_for_caching(images):
     app_names = [n for n in layer_names(layout, app_layer) if n.endswith(".py")]
     assert all(n.startswith(APP) for n in app_names)
     assert f"{APP}trainer/main.py" in app_names
+    assert f"{APP}trainer/serve/server.py" in app_names
     assert f"{APP}kernels/__init__.py" in app_names
     assert f"{APP}protos/job_pb2.py" in app_names, "generated protobuf modules ship in the app"
     assert not any(n.startswith(f"{APP}launcher/") for n in app_names)

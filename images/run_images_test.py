@@ -90,6 +90,7 @@ def test_trainer_image_imports_the_locked_wheels(cache_dir):
         "kernels",
         "trainer.loop",
     ]
+    modules += ["fastapi", "uvicorn", "prometheus_client", "trainer.serve.server"]  # kind: serve
     dists = ["torch", "triton", "numpy", "grpcio", "protobuf", "PyYAML", "tokenizers", "matplotlib"]
     report = check_imports(cache_dir, TRAINER, modules, dists)
     assert report["python"][:2] == [3, 11]

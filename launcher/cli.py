@@ -17,7 +17,7 @@ import time
 import grpc
 
 from launcher.client import Client
-from launcher.live_view import EXIT_CODES, LiveView, duration, follow, rate
+from launcher.live_view import EXIT_CODES, LiveView, duration, follow, rate, serving
 from protos import job_pb2
 from protos.enums import enum_name
 
@@ -99,6 +99,8 @@ def cmd_status(client, args, out):
         )
         if job.last_progress.seconds:
             lines.append(f"  last report {duration(_seconds_since(job.last_progress))} ago")
+    if serving(job):
+        lines.append(f"  serving     {serving(job)}")
     lines.append(f"  run dir     {job.run_dir}")
     print("\n".join(lines), file=out)
     return 0
@@ -124,8 +126,11 @@ def cmd_cancel(client, args, out):
     job = client.cancel(args.job)
     state = job_pb2.JobState.Name(job.state)
     if job.stop == job_pb2.STOP_CANCEL:
+        saves = "the trainer saves a checkpoint"
+        if job.spec.kind == job_pb2.SERVE:
+            saves = "the server finishes its open requests"
         print(
-            f"{job.id}: stopping (the trainer saves a checkpoint); `kitchen watch {job.id}`",
+            f"{job.id}: stopping ({saves}); `kitchen watch {job.id}`",
             file=out,
         )
     else:

@@ -65,6 +65,19 @@ def row(job: job_pb2.Job) -> list[str]:
     return [state_name(job), step, loss, throughput, mfu, eta]
 
 
+def serving(job: job_pb2.Job) -> str:
+    """A serve job's endpoint and load ("" for other kinds, or before it listens)."""
+    p = job.progress
+    if job.spec.kind != job_pb2.SERVE or not p.endpoint or job.state != job_pb2.RUNNING:
+        return ""
+    blocks = p.kv_blocks_used + p.kv_blocks_free
+    return (
+        f"{p.endpoint}/v1: {p.running_requests} running, {p.waiting_requests} waiting, "
+        f"KV blocks {p.kv_blocks_used}/{blocks}, {rate(p.generated_tokens_per_second)}, "
+        f"{p.requests_finished:,} requests served"
+    )
+
+
 def table(rows) -> list[str]:
     out = []
     for cells in rows:
@@ -81,6 +94,7 @@ class LiveView:
         self._attempt = 0
         self._message = ""
         self._waiting = ""
+        self._endpoint = ""
         self._row = None
         self._row_printed_at = -1e9
         self._header_printed = False
@@ -111,6 +125,9 @@ class LiveView:
         if job.progress.message and job.progress.message != self._message:
             self._line(f"[{stamp}] {job.progress.message}")
         self._message = job.progress.message
+        if serving(job) and job.progress.endpoint != self._endpoint:
+            self._line(f"[{stamp}] serving at {job.progress.endpoint}/v1 (OpenAI API)")
+            self._endpoint = job.progress.endpoint
         if job.state in (job_pb2.RUNNING, job_pb2.STARTING) and job.progress.step:
             self._draw(row(job))
 

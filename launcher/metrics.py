@@ -80,6 +80,21 @@ _GAUGES = [
         "image_token_share",
     ),
     ("kitchen_train_comm_ratio", "Share of a step spent in collectives, 0-1.", "comm_fraction"),
+    # A serve job's heartbeat (trainer/serve/); its latency histograms are on its own /metrics.
+    ("kitchen_serve_running_requests", "Requests in a serve job's batch.", "running_requests"),
+    ("kitchen_serve_waiting_requests", "Requests queued in a serve job.", "waiting_requests"),
+    ("kitchen_serve_kv_blocks_used", "Paged KV-cache blocks in use.", "kv_blocks_used"),
+    ("kitchen_serve_kv_blocks_free", "Paged KV-cache blocks free.", "kv_blocks_free"),
+    ("kitchen_serve_job_preemptions", "Requests preempted for KV blocks.", "serve_preemptions"),
+    ("kitchen_serve_ttft_p50_seconds", "Time to first token, median.", "ttft_p50_seconds"),
+    ("kitchen_serve_ttft_p99_seconds", "Time to first token, p99.", "ttft_p99_seconds"),
+    ("kitchen_serve_itl_p50_seconds", "Inter-token latency, median.", "itl_p50_seconds"),
+    ("kitchen_serve_itl_p99_seconds", "Inter-token latency, p99.", "itl_p99_seconds"),
+    (
+        "kitchen_serve_generated_tokens_per_second",
+        "Tokens a serve job generated per second.",
+        "generated_tokens_per_second",
+    ),
 ]
 # #14 RLHF (REWARD, DPO, PPO jobs): exported once a job reports them, each holding its newest
 # non-zero value (train and eval records carry different ones; other kinds have none).

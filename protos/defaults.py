@@ -174,6 +174,15 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "image_field": Field("image"),
         "type_field": Field("type"),
     },
+    "serve": {
+        "port": Field(0, 0, 65535),
+        "block_size": Field(16, 1, 1 << 16),
+        "num_blocks": Field(512, 1, 1 << 24),
+        "max_batch_tokens": Field(512, 1, 1 << 24),
+        "max_running": Field(64, 1, 1 << 16),
+        "max_waiting": Field(256, 0, 1 << 20),
+        "heartbeat_seconds": Field(5.0, 0, 3600, low_open=True),
+    },
 }
 
 # Enum fields whose UNSPECIFIED value means a named default (written beside the UNSPECIFIED

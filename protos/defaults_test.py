@@ -18,6 +18,7 @@ SECTION_OF.update(HealthConfig="health")
 SECTION_OF["RlConfig"] = "rl"
 SECTION_OF.update(EvalConfig="eval")
 SECTION_OF.update(VisionConfig="vision")  # #16
+SECTION_OF.update(ServeConfig="serve")
 
 
 def _literal(type_name: str, text: str):

@@ -303,6 +303,14 @@ def validate_trainer(
         f"SINGLE with {world_size} processes would train {world_size} unrelated models: "
         "use DDP or FSDP",
     )
+    if kind == job_pb2.SERVE:
+        s = cfg.serve
+        _check(
+            s.num_blocks * s.block_size >= m.max_seq_len,
+            "trainer.serve.num_blocks",
+            f"{s.num_blocks} blocks of {s.block_size} tokens cannot hold one request of "
+            f"model.max_seq_len {m.max_seq_len} tokens: a request could never finish",
+        )
     validate_moe(cfg, world_size)
     validate_layout(cfg, world_size)
 

@@ -257,6 +257,16 @@ def import_job(cfg, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
     return ExitCode.OK
 
 
+def serve_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
+    """The checkpoint served over an OpenAI-compatible API until stopped (trainer/serve/)."""
+    from trainer.data.tokenizer import load_tokenizer
+    from trainer.serve.server import serve
+
+    model, meta, path = load_checkpoint_model(cfg, Path(attempt.run_dir), env, log)
+    tokenizer = load_tokenizer(_dataset_of(meta, cfg, attempt, env, log))
+    return serve(model, tokenizer, meta.model.max_seq_len, cfg.serve, attempt, log, client)
+
+
 def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
     """The job of `attempt.spec.kind`."""
     kind = attempt.spec.kind
@@ -284,6 +294,8 @@ def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
 
         rl_job = {job_pb2.REWARD: reward_model.run, job_pb2.DPO: dpo.run, job_pb2.PPO: ppo.run}
         return rl_job[kind](cfg, attempt, env, log, client)
+    if kind == job_pb2.SERVE:
+        return serve_job(cfg, attempt, env, log, client)
     return generate_job(cfg, attempt, env, log)
 
 

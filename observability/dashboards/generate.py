@@ -15,11 +15,11 @@ from pathlib import Path
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
-from observability.dashboards import fleet_dashboard, run_dashboard
+from observability.dashboards import fleet_dashboard, run_dashboard, serve_dashboard
 from observability.queries import DASHBOARDS_DIR
 from protos.files import write_atomic
 
-BUILDERS = (run_dashboard, fleet_dashboard)
+BUILDERS = (run_dashboard, fleet_dashboard, serve_dashboard)
 
 
 def to_json(board: Dashboard) -> str:

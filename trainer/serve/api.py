@@ -1,0 +1,260 @@
+"""The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions (both with
+`stream: true` as server-sent events), /v1/models, /health, /metrics.
+
+Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with `param`
+naming the field: 400 for bad input (malformed JSON included: FastAPI's 422 is turned into
+400), 404 for an unknown model, 429 when the queue is full, 503 while draining.
+"""
+
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+
+from trainer.serve.engine import Output, SamplingParams
+from trainer.serve.engine import Request as EngineRequest
+from trainer.serve.runner import Draining, EngineRunner, Overloaded
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, param: str | None, kind: str = ""):
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+        self.kind = kind or "invalid_request_error"
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False  # a last chunk with token counts and no choices
+
+
+class _Sampling(BaseModel):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1  # one choice per request
+
+
+class CompletionRequest(_Sampling):
+    prompt: str
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+def chat_prompt(messages: list[Message]) -> str:
+    """The SFT chat format (trainer/data/tokenized.py lays a record out as `<bos> prompt
+    response <eos>`, no separator, no role tags): the turns' texts joined in order. The last
+    turn must be the user's; the model's answer follows it, ended by <eos>."""
+    if messages[-1].role != "user":
+        raise ApiError(400, "the last message must be the user's", "messages")
+    return "".join(m.content for m in messages)
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the API needs of the model: its name, tokenizer functions and context length."""
+
+    name: str
+    encode: Callable[[str], list[int]]
+    bos_id: int
+    max_len: int
+    created: int
+
+
+def _error(e: ApiError) -> JSONResponse:
+    body = {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}}
+    return JSONResponse(body, status_code=e.status)
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    first = exc.errors()[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        return ApiError(400, f"the body is not valid JSON: {first.get('msg')}", None)
+    param = ".".join(loc) or None
+    return ApiError(400, f"{param}: {first.get('msg')}", param)
+
+
+def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
+    app = FastAPI(title="kitchen serve")
+    registry = runner.metrics.registry
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _error(_validation_error(exc))
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return _error(exc)
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", **dataclasses.asdict(runner.load())}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {
+            "id": model.name,
+            "object": "model",
+            "created": model.created,
+            "owned_by": "kitchen",
+        }
+        card["max_model_len"] = model.max_len
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await _serve(body, body.prompt, "prompt", request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: ChatRequest, request: Request) -> Any:
+        if body.max_completion_tokens is not None:
+            body.max_tokens = body.max_completion_tokens
+        return await _serve(body, chat_prompt(body.messages), "messages", request, chat=True)
+
+    async def _serve(body: _Sampling, text: str, field: str, request: Request, chat: bool):
+        if body.model != model.name:
+            problem = f"model {body.model!r} does not exist: this server serves {model.name!r}"
+            raise ApiError(404, problem, "model", "model_not_found")
+        prompt = [model.bos_id, *model.encode(text)]  # documents start with BOS
+        room = model.max_len - len(prompt)
+        if room < 1:
+            problem = f"{field}: {len(prompt)} tokens; the model's context is {model.max_len}"
+            raise ApiError(400, problem, field)
+        # OpenAI's default: 16 tokens for a completion, the rest of the context for a chat.
+        max_tokens = body.max_tokens or (room if chat else min(16, room))
+        if max_tokens > room:
+            problem = (
+                f"max_tokens: {max_tokens} plus the {field}'s {len(prompt)} tokens exceed "
+                f"the model's context of {model.max_len}"
+            )
+            raise ApiError(400, problem, "max_tokens")
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        params = SamplingParams(
+            max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop
+        )
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
+        outputs: asyncio.Queue[Output] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+
+        def deliver(out: Output) -> None:  # on the engine's thread
+            loop.call_soon_threadsafe(outputs.put_nowait, out)
+
+        try:
+            runner.submit(EngineRequest(rid, prompt, params), deliver)
+        except Overloaded as e:
+            raise ApiError(429, str(e), None, "rate_limit_exceeded") from e
+        except Draining as e:
+            raise ApiError(503, str(e), None, "server_shutting_down") from e
+        reply = _Reply(rid, model.name, chat, len(prompt))
+        if body.stream:
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            return StreamingResponse(
+                _stream(reply, outputs, runner, usage), media_type="text/event-stream"
+            )
+        return await _whole(reply, outputs, runner, request)
+
+    return app
+
+
+@dataclass
+class _Reply:
+    id: str
+    model: str
+    chat: bool
+    prompt_tokens: int
+    created: int = 0
+
+    def __post_init__(self):
+        self.created = int(time.time())
+
+    def chunk(self, text: str, finish: str | None, first: bool = False) -> dict:
+        if self.chat:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            choice = {"index": 0, "delta": delta if text or first else {}, "finish_reason": finish}
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            kind = "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
+                "choices": [choice]}  # fmt: skip
+
+    def usage(self, completion_tokens: int) -> dict:
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens}
+        return {**usage, "total_tokens": self.prompt_tokens + completion_tokens}
+
+    def whole(self, text: str, finish: str, completion_tokens: int) -> dict:
+        out = self.chunk(text, finish)
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            out["choices"] = [{"index": 0, "message": message, "finish_reason": finish}]
+            out["object"] = "chat.completion"
+        out["usage"] = self.usage(completion_tokens)
+        return out
+
+
+async def _stream(
+    reply: _Reply, outputs: asyncio.Queue, runner: EngineRunner, usage: bool
+) -> AsyncIterator[str]:
+    """Server-sent events; a client that goes away cancels this generator, and so its
+    request (finally: abort frees its KV blocks). `usage`: a last chunk with token counts."""
+    finished, tokens = False, 0
+    try:
+        if reply.chat:
+            yield f"data: {json.dumps(reply.chunk('', None, first=True))}\n\n"
+        while not finished:
+            out = await outputs.get()
+            finished, tokens = out.finish is not None, tokens + len(out.token_ids)
+            finish = out.finish.value if out.finish else None
+            if out.text or finished:
+                yield f"data: {json.dumps(reply.chunk(out.text, finish))}\n\n"
+        if usage:
+            last = {**reply.chunk("", None), "choices": [], "usage": reply.usage(tokens)}
+            yield f"data: {json.dumps(last)}\n\n"
+        yield "data: [DONE]\n\n"
+    finally:
+        if not finished:
+            runner.abort(reply.id)
+
+
+async def _whole(reply: _Reply, outputs: asyncio.Queue, runner: EngineRunner, request: Request):
+    """The whole answer; a client that disconnects while waiting aborts its request."""
+    text, tokens = "", 0
+    while True:
+        try:
+            out = await asyncio.wait_for(outputs.get(), timeout=1.0)
+        except TimeoutError:
+            if await request.is_disconnected():
+                runner.abort(reply.id)
+                return Response(status_code=499)
+            continue
+        text, tokens = text + out.text, tokens + len(out.token_ids)
+        if out.finish is not None:
+            return reply.whole(text, out.finish.value, tokens)

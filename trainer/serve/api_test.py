@@ -1,0 +1,249 @@
+"""A live server on 127.0.0.1, called with the official `openai` client (completions, chat,
+streaming) and with raw HTTP for the error cases, overload and a client that goes away."""
+
+import http.client
+import json
+import threading
+import time
+from urllib.parse import urlparse
+
+import openai
+import pytest
+import torch
+
+from trainer.generate import generate
+from trainer.serve.runner import Latency
+from trainer.serve.testing import BOS, EOS, VOCAB, decode, encode, start_server, tiny_model
+
+torch.set_num_threads(1)  # tiny ops: several threads only spin on a shared machine
+
+MAX_LEN = 128
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model(MAX_LEN)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = start_server(model, max_waiting=64)
+    yield s
+    assert s.stop()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.endpoint + "/v1", api_key="unused", max_retries=0)
+
+
+def greedy_text(model, text: str, max_tokens: int) -> str:
+    out, _ = generate(
+        model, [BOS, *encode(text)], max_tokens, temperature=0, stop_id=EOS, max_len=MAX_LEN
+    )
+    return decode(out)
+
+
+def raw(server, method: str, path: str, body: bytes | None = None):
+    url = urlparse(server.endpoint)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    data = response.read()
+    conn.close()
+    return response.status, json.loads(data) if data else None
+
+
+def post(server, path: str, body: dict):
+    return raw(server, "POST", path, json.dumps(body).encode())
+
+
+def test_models_and_health(client, server):
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    status, body = raw(server, "GET", "/health")
+    assert status == 200 and body["status"] == "ok"
+
+
+def test_completion_greedy_equals_generate(client, model):
+    got = client.completions.create(model="tiny", prompt="kitchen", max_tokens=24, temperature=0)
+    choice = got.choices[0]
+    assert choice.text == greedy_text(model, "kitchen", 24)[: len(choice.text)]
+    assert choice.finish_reason in ("stop", "length")
+    assert got.usage.prompt_tokens == 1 + len("kitchen")
+
+
+def test_chat_uses_the_sft_format(client, model):
+    got = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "what is a block"}],
+        max_tokens=20,
+        temperature=0,
+    )
+    message = got.choices[0].message
+    assert message.role == "assistant"
+    assert message.content == greedy_text(model, "what is a block", 20)
+
+
+def test_streaming_completion_and_chat_add_up_to_the_whole_answer(client, model):
+    want = greedy_text(model, "stream", 30)
+    stream = client.completions.create(
+        model="tiny", prompt="stream", max_tokens=30, temperature=0, stream=True
+    )
+    pieces = [c.choices[0].text for c in stream]
+    assert "".join(pieces) == want and len(pieces) > 1
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "stream"}],
+        max_tokens=30,
+        temperature=0,
+        stream=True,
+    )
+    chunks = list(chat)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_greedy_inside_a_full_batch_equals_generate(server, model):
+    prompts = [f"request{'x' * i}" for i in range(12)]
+    results: dict[int, str] = {}
+
+    def ask(i: int) -> None:
+        client = openai.OpenAI(base_url=server.endpoint + "/v1", api_key="-", max_retries=0)
+        got = client.completions.create(
+            model="tiny", prompt=prompts[i], max_tokens=40, temperature=0
+        )
+        results[i] = got.choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, p in enumerate(prompts):
+        assert results[i] == greedy_text(model, p, 40)[: len(results[i])], p
+        assert results[i] == greedy_text(model, p, 40), p
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"model": "tiny", "prompt": "x" * MAX_LEN}, "prompt"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"model": "tiny", "prompt": "x", "max_tokens": MAX_LEN}, "max_tokens"),
+        ({"model": "tiny", "prompt": "x", "temperature": -1}, "temperature"),
+        ({"model": "tiny"}, "prompt"),
+        ({"model": "tiny", "prompt": "x", "n": 2}, "n"),
+    ],
+)
+def test_bad_input_is_a_400_naming_the_field(server, body, param):
+    status, reply = post(server, "/v1/completions", body)
+    assert status == 400, reply
+    assert reply["error"]["type"] == "invalid_request_error"
+    assert reply["error"]["param"] == param and param in reply["error"]["message"]
+
+
+def test_bad_chat_and_unknown_model_and_malformed_json(server):
+    status, reply = post(
+        server,
+        "/v1/chat/completions",
+        {"model": "tiny", "messages": [{"role": "robot", "content": ""}]},
+    )
+    assert status == 400 and reply["error"]["param"] == "messages.0.role"
+    status, reply = post(server, "/v1/completions", {"model": "gpt-9", "prompt": "x"})
+    assert (
+        status == 404
+        and reply["error"]["param"] == "model"
+        and "gpt-9" in reply["error"]["message"]
+    )
+    status, reply = raw(server, "POST", "/v1/completions", b'{"model": "tiny", "prompt": ')
+    assert status == 400 and "JSON" in reply["error"]["message"]
+
+
+def test_overload_is_429_and_every_accepted_request_completes(model):
+    server = start_server(model, max_waiting=2, max_running=2)
+    statuses: list[tuple[int, dict]] = []
+    lock = threading.Lock()
+
+    def ask(i: int) -> None:
+        result = post(
+            server,
+            "/v1/completions",
+            {"model": "tiny", "prompt": f"p{i}", "max_tokens": 60, "temperature": 0},
+        )
+        with lock:
+            statuses.append(result)
+
+    try:
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        assert server.stop()
+    codes = sorted(s for s, _ in statuses)
+    assert len(codes) == 24 and set(codes) <= {200, 429} and 429 in codes and 200 in codes
+    for status, body in statuses:
+        if status == 429:
+            assert body["error"]["type"] == "rate_limit_exceeded"
+        else:
+            assert body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_a_client_that_disconnects_mid_stream_frees_its_blocks(model):
+    server = start_server(tiny_model(1024), eos_id=VOCAB, num_blocks=128)  # never ends early
+    try:
+        url = urlparse(server.endpoint)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        body = {
+            "model": "tiny",
+            "prompt": "go",
+            "max_tokens": 1000,
+            "temperature": 1.0,
+            "stream": True,
+        }
+        conn.request(
+            "POST",
+            "/v1/completions",
+            body=json.dumps(body),
+            headers={"Content-Type": "application/json"},
+        )
+        response = conn.getresponse()
+        assert response.status == 200
+        assert response.readline().startswith(b"data: ")  # streaming has begun
+        assert server.runner.engine.cache.allocator.used > 0
+        conn.sock.close()  # the client goes away
+        conn.close()
+        deadline = time.monotonic() + 20
+        while server.runner.engine.has_work() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        engine = server.runner.engine
+        assert not engine.has_work() and engine.cache.allocator.used == 0
+        text = http_get_text(server, "/metrics")
+        assert 'kitchen_serve_requests_total{finish_reason="abort",model_name="tiny"} 1.0' in text
+    finally:
+        assert server.stop()
+
+
+def http_get_text(server, path: str) -> str:
+    url = urlparse(server.endpoint)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    conn.request("GET", path)
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return text
+
+
+def test_metrics_and_heartbeat_latency_window(client, server):
+    server.runner.window_latency()  # start a fresh window
+    client.completions.create(model="tiny", prompt="window", max_tokens=5, temperature=0)
+    window = server.runner.window_latency()
+    assert 0 < window.ttft_p50_seconds <= window.ttft_p99_seconds
+    assert 0 < window.itl_p50_seconds <= window.itl_p99_seconds
+    assert server.runner.window_latency() == Latency(0.0, 0.0, 0.0, 0.0)  # nothing since
+    text = http_get_text(server, "/metrics")
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds"):
+        assert f'kitchen_serve_{name}_count{{model_name="tiny"}}' in text
+    beat = server.heartbeat("j1", 1)
+    assert beat.endpoint == server.endpoint and beat.kv_blocks_free > 0

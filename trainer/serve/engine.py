@@ -1,0 +1,251 @@
+"""The serving engine: continuous batching over a paged KV cache. Pure: no HTTP, no threads.
+
+`step()` is one iteration of the model over the running batch. Between steps requests join
+(admitted from the queue while there are free blocks and token budget) and leave (finished,
+aborted): the batch never waits for its slowest member, unlike a static batch.
+
+Each step spends at most `max_batch_tokens`: every decoding request first (one token each),
+then prefill, in chunks, of requests still reading their prompt, then new admissions. A request
+takes KV-cache blocks only as it grows. When a decoding request needs a block and none is
+free, the newest running request is preempted: its blocks are freed and it goes back to the
+front of the queue, to be recomputed (prompt + what it generated so far, as a prefill) when
+blocks free up. Nothing is dropped; its generated tokens and its sampler's state are kept.
+"""
+
+import enum
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from protos import trainer_config_pb2
+from trainer.generate import sample_next
+from trainer.model import Transformer
+from trainer.serve.kv_cache import PagedKVCache
+from trainer.serve.paged_model import Run, forward_step
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # end of text or a stop string
+    LENGTH = "length"  # max_tokens, or the model's context is full
+    ABORT = "abort"  # the client went away
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per request: temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+@dataclass(eq=False)  # compared by identity: the queues look requests up often
+class Request:
+    id: str
+    prompt: list[int]
+    params: SamplingParams
+    arrived: float = field(default_factory=time.monotonic)
+    output: list[int] = field(default_factory=list)
+    text: str = ""  # decoded output, up to a stop string
+    sent: int = 0  # characters of `text` already handed out
+    computed: int = 0  # positions whose keys and values are in the cache
+    table: list[int] = field(default_factory=list)
+    finish: FinishReason | None = None
+    generator: torch.Generator | None = None
+    preemptions: int = 0
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+
+@dataclass(frozen=True)
+class Output:
+    """What one step produced for one request: new text (may be empty while a multi-byte
+    character or a possible stop string is incomplete), and the reason when it finished."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    finish: FinishReason | None
+
+
+class Engine:
+    def __init__(
+        self,
+        model: Transformer,
+        cfg: trainer_config_pb2.ServeConfig,
+        *,
+        decode: Callable[[list[int]], str],
+        eos_id: int,
+        max_len: int,
+    ):
+        """`cfg` is a ServeConfig with defaults applied; `max_len` the model's positions."""
+        self.model = model.eval()
+        self.cfg, self.decode, self.eos_id, self.max_len = cfg, decode, eos_id, max_len
+        p = next(model.parameters())
+        attn = model.layers[0].attention
+        self.cache = PagedKVCache(
+            len(model.layers),
+            attn.n_kv_heads,
+            attn.head_dim,
+            cfg.num_blocks,
+            cfg.block_size,
+            p.device,
+            p.dtype,
+        )
+        self.device = p.device
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.preemptions = 0
+        self.finished = 0
+        self._pending: list[Output] = []  # outputs of requests ended between steps (aborts)
+
+    def add(self, request: Request) -> None:
+        """Queues a request; the caller checked that prompt + 1 token fits `max_len`."""
+        if len(request.prompt) >= self.max_len:
+            raise ValueError(f"prompt of {len(request.prompt)} tokens: no room to generate")
+        seed = request.params.seed
+        gen = torch.Generator(device=self.device)
+        request.generator = gen.manual_seed(seed) if seed is not None else gen
+        if seed is None:
+            gen.seed()
+        self.waiting.append(request)
+
+    def abort(self, request_id: str) -> bool:
+        """Ends a request wherever it is, freeing its blocks. False when it is unknown."""
+        for queue in (self.running, self.waiting):
+            for r in queue:
+                if r.id == request_id:
+                    queue.remove(r)
+                    self._end(r, FinishReason.ABORT)
+                    self._pending.append(Output(r.id, "", [], FinishReason.ABORT))
+                    return True
+        return False
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self._pending)
+
+    def step(self) -> list[Output]:
+        """One model iteration over the scheduled requests; their outputs."""
+        outputs, self._pending = self._pending, []
+        scheduled = self._schedule()
+        if not scheduled:
+            return outputs
+        runs = [
+            Run(r.tokens[r.computed : r.computed + n], r.computed, r.table) for r, n in scheduled
+        ]
+        logits = forward_step(self.model, runs, self.cache)
+        for i, (r, n) in enumerate(scheduled):
+            r.computed += n
+            if r.computed < r.length:
+                continue  # a prefill chunk: the prompt is not all read yet
+            outputs.append(self._append(r, logits[i : i + 1]))
+        for r in [r for r in self.running if r.finish is not None]:
+            self.running.remove(r)
+        return outputs
+
+    def _schedule(self) -> list[tuple[Request, int]]:
+        """(request, new tokens) for this step, under the token budget; preempts when a
+        decoding request finds no free block."""
+        budget = self.cfg.max_batch_tokens
+        scheduled: list[tuple[Request, int]] = []
+        decoding = [r for r in self.running if r.length - r.computed == 1]
+        for r in decoding:
+            if budget == 0:
+                break
+            if r not in self.running:
+                continue  # preempted below, to make room for an older request
+            while not self._fits(r, 1):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is r:
+                    break
+            if r in self.running:
+                scheduled.append((r, 1))
+                budget -= 1
+        for r in self.running:
+            left = r.length - r.computed
+            if left > 1 and budget > 0:
+                n = self._chunk(r, min(left, budget))
+                if n:
+                    scheduled.append((r, n))
+                    budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_running:
+            r = self.waiting[0]
+            n = self._chunk(r, min(r.length - r.computed, budget))
+            if not n:
+                break  # no free block: it waits for one (admission never preempts)
+            self.waiting.popleft()
+            self.running.append(r)
+            scheduled.append((r, n))
+            budget -= n
+        if not scheduled and self.running:  # every running request waits for a block
+            self._preempt(self.running[-1])
+            return self._schedule()
+        return scheduled
+
+    def _fits(self, r: Request, n: int) -> bool:
+        """Grows r's block table to hold n more positions, if the blocks are there."""
+        if self.cache.blocks_for(r.computed + n) - len(r.table) > self.cache.allocator.free:
+            return False
+        self.cache.grow(r.table, r.computed + n)
+        return True
+
+    def _chunk(self, r: Request, n: int) -> int:
+        """The most of r's next n tokens whose blocks are free (0: none), blocks taken."""
+        free_positions = (len(r.table) + self.cache.allocator.free) * self.cache.block_size
+        n = min(n, free_positions - r.computed)
+        if n <= 0:
+            return 0
+        self.cache.grow(r.table, r.computed + n)
+        return n
+
+    def _preempt(self, r: Request) -> None:
+        self.running.remove(r)
+        self.cache.release(r.table)
+        r.computed = 0
+        r.preemptions += 1
+        self.preemptions += 1
+        self.waiting.appendleft(r)
+
+    def _append(self, r: Request, logits: torch.Tensor) -> Output:
+        p = r.params
+        token = int(sample_next(logits, p.temperature, p.top_k, p.top_p, r.generator)[0])
+        r.output.append(token)
+        finish = None
+        if token == self.eos_id:
+            finish = FinishReason.STOP
+        r.text = self.decode(r.output)
+        cut = min((i for i in (r.text.find(s) for s in p.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            r.text, finish = r.text[:cut], FinishReason.STOP
+        elif finish is None and (len(r.output) >= p.max_tokens or r.length >= self.max_len):
+            finish = FinishReason.LENGTH
+        ready = len(r.text)
+        if finish is None:  # hold back half a character and what may start a stop string
+            ready = len(r.text.rstrip("\ufffd"))
+            for s in p.stop:
+                for k in range(min(len(s) - 1, ready), 0, -1):
+                    if r.text[:ready].endswith(s[:k]):
+                        ready -= k
+                        break
+        delta, r.sent = r.text[r.sent : max(ready, r.sent)], max(ready, r.sent)
+        if finish is not None:
+            self._end(r, finish)
+        return Output(r.id, delta, [token], finish)
+
+    def _end(self, r: Request, finish: FinishReason) -> None:
+        r.finish = finish
+        self.cache.release(r.table)
+        self.finished += 1

@@ -1,0 +1,67 @@
+"""`kind: serve` as a real trainer process on a checkpoint trained here: its greedy answer is
+the `generate` job's, and SIGTERM lets an open request finish before the job exits 75."""
+
+import re
+import signal
+import time
+
+import openai
+
+from protos.exit_codes import ExitCode
+from trainer import testing
+
+PROMPT = "def "
+
+
+def wait_for_endpoint(log_path, process, timeout=60.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"serving on (http://\S+)/v1", log_path.read_text())
+        if found:
+            return found.group(1)
+        assert process.poll() is None, log_path.read_text()
+        time.sleep(0.1)
+    raise AssertionError(f"no endpoint within {timeout} s:\n{log_path.read_text()}")
+
+
+def test_serve_job_answers_like_the_generate_job_and_drains_on_sigterm(tmp_path):
+    cache = tmp_path / "cache"
+    train = testing.write_job(tmp_path / "train.yaml", testing.tiny_job(cache, steps=4))
+    # Timeouts for a loaded machine: three trainer processes start here (torch imports).
+    trained = testing.run_trainer("--config", train, "--run-dir", tmp_path / "run", timeout=300)
+    assert trained.returncode == 0, trained.stderr
+    checkpoint = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))[-1]
+    sampling = {"prompt": PROMPT, "max_new_tokens": 30, "temperature": 0}
+    gen = testing.tiny_job(cache, kind="GENERATE", checkpoint={"path": str(checkpoint)})
+    gen["trainer"]["generate"] = sampling
+    done = testing.run_trainer(
+        "--config", testing.write_job(tmp_path / "gen.yaml", gen), timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+
+    serve = testing.tiny_job(cache, kind="SERVE", checkpoint={"path": str(checkpoint)})
+    serve["name"] = "tiny-serve"
+    serve["trainer"]["serve"] = {"heartbeat_seconds": 0.5}
+    log = tmp_path / "serve.log"
+    config = testing.write_job(tmp_path / "serve.yaml", serve)
+    process = testing.start_trainer("--config", config, "--run-dir", tmp_path / "s", log_path=log)
+    try:
+        endpoint = wait_for_endpoint(log, process, timeout=300)
+        client = openai.OpenAI(base_url=endpoint + "/v1", api_key="-", max_retries=0)
+        got = client.completions.create(
+            model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=0
+        )
+        assert PROMPT + got.choices[0].text in done.stdout  # the generate job printed it
+        stream = client.completions.create(
+            model="tiny-serve", prompt=PROMPT, max_tokens=40, temperature=1.0, seed=1, stream=True
+        )
+        first = next(iter(stream))
+        process.send_signal(signal.SIGTERM)  # mid-request: the answer still completes
+        chunks = [first, *stream]
+        assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+        assert process.wait(timeout=60) == ExitCode.PREEMPTED
+    finally:
+        if process.poll() is None:
+            process.kill()
+    text = log.read_text()
+    assert "stopped (drained); 2 requests served" in text, text

@@ -1,0 +1,149 @@
+"""A running server: engine thread + uvicorn on its own thread, and the `serve` job around it.
+
+The job listens on serve.host:serve.port (port 0: any free port), reports its endpoint and
+load to the launcher every serve.heartbeat_seconds (the heartbeat also keeps the hang detector
+quiet while it is healthy), and on SIGTERM or the launcher's stop drains: uvicorn stops
+accepting connections and waits for the open ones, the engine finishes every request it holds,
+then the job exits 75 (ExitCode.PREEMPTED, as a stopped training job does): the launcher makes
+that CANCELLED after a cancel and re-queues it after a preemption. Ctrl-C (SIGINT) on a job run
+by hand drains the same way and exits 0.
+"""
+
+import asyncio
+import signal
+import socket
+import threading
+import time
+
+import uvicorn
+
+from protos import attempt_pb2, progress_pb2, trainer_config_pb2
+from protos.exit_codes import ExitCode
+from trainer.data.tokenizer import Tokenizer
+from trainer.loop import install_sigterm_handler
+from trainer.model import Transformer
+from trainer.serve.api import ServedModel, create_app
+from trainer.serve.engine import Engine
+from trainer.serve.metrics import ServeMetrics
+from trainer.serve.runner import EngineRunner
+
+DRAIN_SECONDS = 120  # longest wait for open requests at shutdown
+
+
+class Server:
+    def __init__(
+        self,
+        model: Transformer,
+        cfg: trainer_config_pb2.ServeConfig,
+        served: ServedModel,
+        *,
+        decode,
+        eos_id: int,
+    ):
+        """`cfg` has its defaults applied (protos.defaults.with_defaults)."""
+        engine = Engine(model, cfg, decode=decode, eos_id=eos_id, max_len=served.max_len)
+        self.runner = EngineRunner(engine, ServeMetrics(served.name))
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((cfg.host or "127.0.0.1", cfg.port))
+        config = uvicorn.Config(
+            create_app(served, self.runner),
+            log_level="warning",
+            timeout_graceful_shutdown=DRAIN_SECONDS,
+        )
+        self.http = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self._serve, name="serve-http", daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        host, port = self.sock.getsockname()
+        return f"http://{host}:{port}"
+
+    def _serve(self) -> None:
+        asyncio.run(self.http.serve(sockets=[self.sock]))
+
+    def start(self, timeout: float = 30.0) -> "Server":
+        self.runner.start()
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.http.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the HTTP server on {self.endpoint} did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> bool:
+        """Drains (open requests finish) and stops; True when nothing was cut off."""
+        self.http.should_exit = True
+        self.thread.join(DRAIN_SECONDS + 5)
+        return self.runner.drain(DRAIN_SECONDS) and not self.thread.is_alive()
+
+    def heartbeat(self, job_id: str, attempt: int) -> progress_pb2.Progress:
+        e = self.runner.engine
+        beat = progress_pb2.Progress(
+            job_id=job_id,
+            attempt=attempt,
+            phase="serve",
+            endpoint=self.endpoint,
+            serve_preemptions=e.preemptions,
+            requests_finished=e.finished,
+        )
+        load, latency = self.runner.load(), self.runner.window_latency()
+        beat.running_requests, beat.waiting_requests = load.running_requests, load.waiting_requests
+        beat.kv_blocks_used, beat.kv_blocks_free = load.kv_blocks_used, load.kv_blocks_free
+        beat.ttft_p50_seconds, beat.ttft_p99_seconds = (
+            latency.ttft_p50_seconds,
+            latency.ttft_p99_seconds,
+        )
+        beat.itl_p50_seconds, beat.itl_p99_seconds = (
+            latency.itl_p50_seconds,
+            latency.itl_p99_seconds,
+        )
+        return beat
+
+
+def serve(
+    model: Transformer,
+    tokenizer: Tokenizer,
+    max_len: int,
+    cfg: trainer_config_pb2.ServeConfig,
+    attempt: attempt_pb2.Attempt,
+    log,
+    client,
+) -> ExitCode:
+    """The `serve` job: serves `model` until SIGTERM or the launcher's stop, reporting a
+    heartbeat to `client` (a ProgressClient, or None run by hand). `cfg` has its defaults."""
+    served = ServedModel(
+        name=cfg.model_name or attempt.spec.name,
+        encode=tokenizer.encode,
+        bos_id=tokenizer.bos_id,
+        max_len=max_len,
+        created=int(time.time()),
+    )
+    sigterm = install_sigterm_handler()
+    interrupted: list[int] = []  # Ctrl-C on a job run by hand: drain, then exit 0
+    signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
+    server = Server(model, cfg, served, decode=tokenizer.decode, eos_id=tokenizer.eos_id)
+    server.start()
+    log(f"serving on {server.endpoint}/v1: model {served.name!r} (OpenAI API)")
+    launcher_stop = client.stop_requested.is_set if client else (lambda: False)
+
+    def stop_requested() -> bool:
+        return sigterm() or bool(interrupted) or launcher_stop()
+
+    tokens, last = 0, time.monotonic()
+    while not stop_requested():
+        beat = server.heartbeat(attempt.job_id, attempt.number)
+        generated, now = server.runner.generated, time.monotonic()
+        beat.generated_tokens_per_second = (generated - tokens) / max(now - last, 1e-9)
+        tokens, last = generated, now
+        if client is not None:
+            client.send(beat)
+        deadline = now + cfg.heartbeat_seconds
+        while time.monotonic() < deadline and not stop_requested():
+            time.sleep(0.1)
+    log("stopping: draining open requests")
+    clean = server.stop()
+    served_count = server.runner.engine.finished
+    log(f"stopped ({'drained' if clean else 'drain timed out'}); {served_count} requests served")
+    return ExitCode.OK if interrupted and not sigterm() else ExitCode.PREEMPTED
