@@ -23,7 +23,6 @@ this machine's; on a GPU pass --dim/--layers for a real model (varlen attention 
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -34,20 +33,11 @@ import torch
 from protos import trainer_config_pb2 as pb
 from protos.validation import resolve_trainer
 from trainer import loop
+from trainer.bench.machine import machine
 from trainer.data.loader import IGNORE, PackedRowLoader
 from trainer.data.packing import STRATEGIES
 from trainer.data.precook import PrecookedDataset, precook_dataset
 from trainer.model import attention_layout
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} CPUs"
 
 
 class Side:

@@ -23,19 +23,10 @@ import time
 
 import numpy as np
 
+from trainer.bench.machine import machine
 from trainer.data import analyze, packing, tokenizer
 from trainer.data.corpus import plan_corpus, read_unit
 from trainer.data.precook import precook_dataset
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} CPUs"
 
 
 def stdlib_texts() -> list[str]:

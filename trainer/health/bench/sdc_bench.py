@@ -10,8 +10,6 @@ ratio. At the default of one check every 50 steps the check costs ratio / 50 of 
 
 import argparse
 import datetime
-import os
-import platform
 import statistics
 import time
 
@@ -19,21 +17,12 @@ import torch
 
 from protos import trainer_config_pb2
 from protos.validation import resolve_trainer
+from trainer.bench.machine import machine
 from trainer.health.sdc import state_checksums
 from trainer.model import Transformer, attention_layout, select_ops
 
 SIZES = {"guide (dim 64, 2 layers)": (64, 2), "tiny.yaml (256, 4)": (256, 4), "(512, 8)": (512, 8)}
 VOCAB, BATCH, SEQ, ROUNDS = 4096, 4, 128, 5
-
-
-def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} CPUs"
 
 
 def row(name: str, dim: int, layers: int, device: torch.device) -> str:
