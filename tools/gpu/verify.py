@@ -37,6 +37,8 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
+from protos import files
+
 ROOT = Path(__file__).absolute().parents[2]  # not resolved: under Bazel, the runfiles
 MFU_GOAL = 0.50
 BAD = ("MISS", "FAILED")
@@ -334,9 +336,7 @@ def main() -> int:
                 print(f"{r.verdict.split(':')[0]:>7}  {r.step}: {r.goal}: {r.measured}", flush=True)
     md, table = report(rows, info, args.tiny)
     for name, text in (("verify.md", md), ("verify.csv", table)):
-        tmp = args.out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, args.out / name)
+        files.write_atomic(str(args.out / name), text)
     bad = [r for r in rows if r.verdict in BAD]
     print(
         f"verify: {len(rows) - len(bad)} of {len(rows)} rows met or skipped, "

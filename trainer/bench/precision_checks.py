@@ -18,7 +18,6 @@ Run by tools/gpu/verify.py; `--tiny` is its CPU mode (a small model, a few steps
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from protos import job_pb2, trainer_config_pb2
+from protos import files, job_pb2, trainer_config_pb2
 from protos.validation import resolve_trainer
 from trainer import loop
 from trainer.data.precook import precook_dataset
@@ -163,7 +162,7 @@ def main() -> int:
         bf16_tracks_fp32(args.tiny, device, args.cache_dir),
         varlen_matches_masked(args.tiny, device),
     ]
-    args.json.write_text(json.dumps([dataclasses.asdict(c) for c in checks], indent=1))
+    files.write_json_atomic(str(args.json), [dataclasses.asdict(c) for c in checks])
     for c in checks:
         print(f"{c.verdict:>7}  {c.name}: {c.measured}", file=sys.stderr)
     return 0 if all(c.verdict != "MISS" for c in checks) else 1
