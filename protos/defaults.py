@@ -142,6 +142,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "sdc_check_every": Field(50, 0, 1 << 30),
         "hang_timeout_seconds": Field(600.0, 0, 1e6),
         "straggler_factor": Field(1.5, 1, 1e6, low_open=True),
+        "replay_check_every": Field(0, 0, 1 << 30),
     },
     "rl": {  # #14: REWARD, DPO, PPO (trainer/rl/)
         "beta": Field(0.1, 0, 100, low_open=True),

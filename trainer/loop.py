@@ -366,19 +366,14 @@ class Trainer:
         # for where it is issued: the logged step runs without overlap; the others are free).
         logs = self._logs(self.step + 1, first_step)
         timed = trainer_parallel_wire().WireCounter() if self.engine and logs else None
-        with timed or contextlib.nullcontext():
-            loss, grad_norm = self.train_step(batches, max(agreed[0], 1.0))
-        verdict = self.guard.check(loss)
-        if verdict is Verdict.OK:
-            self.scaler.step(self.optimizer)  # skipped if fp16 gradients overflowed
-        self.scaler.update()
-        moe.end_step(self.model, updated=verdict is Verdict.OK)  # expert bias balancing
-        self.optimizer.zero_grad(set_to_none=True)
-        lr = self.scheduler.get_last_lr()[0]
-        with warnings.catch_warnings():
-            # A skipped update still advances the schedule; torch warns about the order.
-            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler")
-            self.scheduler.step()
+        # A replay check (trainer/health/replay.py) runs the update twice from one snapshot.
+        loss, grad_norm, verdict, lr = self.health.run_step(
+            self.step + 1,
+            lambda: self._update(batches, max(agreed[0], 1.0), timed),
+            self.model,
+            self.optimizer,
+            (self.scheduler, self.scaler, self.guard, self.noise),
+        )
         self.step += 1
         self.loader_position = self.loader.state_dict()
         step_s = time.perf_counter() - start
@@ -391,7 +386,7 @@ class Trainer:
         else:
             self.goodput.add("productive", step_s - data_s)
         # Before this step's metrics: a step from corrupted state is rolled back, not logged.
-        mismatch = self.health.check_replicas(self.step, self.model, self.optimizer)
+        mismatch = self.health.check_sdc(self.step, self.model, self.optimizer)
         if verdict is Verdict.OK and mismatch is not None:
             self._sdc_rollback(mismatch)
             return None
@@ -422,6 +417,27 @@ class Trainer:
             self.evaluate()
         return None
 
+    def _update(
+        self, batches: list[dict], n_tokens: float, timed
+    ) -> tuple[float, float, Verdict, float]:
+        """The step's compute and update: (loss, grad norm, verdict, lr). It changes only the
+        model, the optimizer, the schedule, the loss scale, the loss guard and the noise scale
+        (what HealthMonitor.run_step snapshots for a replay)."""
+        with timed or contextlib.nullcontext():
+            loss, grad_norm = self.train_step(batches, n_tokens)
+        verdict = self.guard.check(loss)
+        if verdict is Verdict.OK:
+            self.scaler.step(self.optimizer)  # skipped if fp16 gradients overflowed
+        self.scaler.update()
+        moe.end_step(self.model, updated=verdict is Verdict.OK)  # expert bias balancing
+        self.optimizer.zero_grad(set_to_none=True)
+        lr = self.scheduler.get_last_lr()[0]
+        with warnings.catch_warnings():
+            # A skipped update still advances the schedule; torch warns about the order.
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler")
+            self.scheduler.step()
+        return loss, grad_norm, verdict, lr
+
     def _logs(self, step: int, first_step: int) -> bool:
         """Whether step `step` (1-based) is reported."""
         t = self.cfg.train
@@ -441,8 +457,9 @@ class Trainer:
         self.metrics.write(self._progress(phase="train", message=message))
 
     def _sdc_rollback(self, mismatch) -> None:
-        """Replicas disagree: every rank restores the newest checkpoint (each was checked
-        before it was saved) and replays its batches; the lost time is "sdc_rollback" badput."""
+        """Replicas disagree, or a replayed step did not reproduce: every rank restores the
+        newest checkpoint (under DDP each was checked before it was saved) and replays its
+        batches; the lost time is "sdc_rollback" badput."""
         found = self.checkpointer.find(warn=self.log)
         if not found:
             raise TrainingError(f"{mismatch}; no checkpoint to roll back to")

@@ -3,6 +3,8 @@
     KITCHEN_FAULTS="slow:1:0.2"       rank 1 spends 0.2 s more on every step's compute
     KITCHEN_FAULTS="bitflip:2:5"      after step 5, rank 2 flips one bit of one weight
     KITCHEN_FAULTS="block:3:4"        rank 3 stops for good at the start of step 4
+    KITCHEN_FAULTS="replayflip:0:6"   rank 0 flips one weight bit in the first of the two
+                                      runs of replay-checked step 6 (the replay is clean)
 
 Several faults are separated by commas. Read from the environment (not the job config) so no
 job spec can carry one; the trainer logs every fault it was given.
@@ -22,6 +24,7 @@ class FaultKind(enum.Enum):
     SLOW = "slow"  # value: extra seconds of compute per step
     BITFLIP = "bitflip"  # value: the step after which one weight bit flips
     BLOCK = "block"  # value: the step at whose start the rank stops
+    REPLAY_BITFLIP = "replayflip"  # value: the replay-checked step whose first run is corrupted
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,9 @@ class Fault:
             FaultKind.SLOW: f"{self.value:g} s more compute per step",
             FaultKind.BITFLIP: f"one weight bit flipped after step {self.value:g}",
             FaultKind.BLOCK: f"blocked for good at the start of step {self.value:g}",
+            FaultKind.REPLAY_BITFLIP: (
+                f"one weight bit flipped in the first run of replay-checked step {self.value:g}"
+            ),
         }[self.kind]
         return f"rank {self.rank}: {what}"
 
@@ -67,6 +73,7 @@ class Injector:
     def __init__(self, faults: list[Fault], rank: int):
         self.mine = [f for f in faults if f.rank == rank]
         self.flipped = False  # a bit flips once, not again when a rollback replays the step
+        self.replay_flipped = False
 
     @classmethod
     def from_env(cls, rank: int) -> "Injector":
@@ -90,4 +97,11 @@ class Injector:
         if self.flipped or self._value(FaultKind.BITFLIP) != step:
             return False
         self.flipped = True
+        return True
+
+    def replay_flip_due(self, step: int) -> bool:
+        """True once, for the first run of replay-checked `step` if a REPLAY_BITFLIP is set."""
+        if self.replay_flipped or self._value(FaultKind.REPLAY_BITFLIP) != step:
+            return False
+        self.replay_flipped = True
         return True

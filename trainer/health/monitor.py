@@ -1,17 +1,24 @@
 """The one object the training loop talks to about health: it times each step for the
-straggler score, runs the replica checks when due, feeds the watchdog, injects test faults."""
+straggler score, runs the replica and replay checks when due, feeds the watchdog, injects test
+faults."""
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
 from protos import progress_pb2, trainer_config_pb2
+from trainer import distributed
+from trainer.config import train_dtype
 from trainer.distributed import DistEnv
-from trainer.health import faults, sdc
+from trainer.health import faults, replay, sdc
 from trainer.health.collectives import TRACKER
 from trainer.health.stragglers import StragglerMonitor, describe_stragglers
 from trainer.health.watchdog import Watchdog
+
+T = TypeVar("T")
 
 
 def _store():
@@ -40,6 +47,10 @@ class HealthMonitor:
         self.sdc = sdc.SdcChecker(
             h.sdc_check_every, cfg.checkpoint.every_steps, cfg.train.steps, replicated
         )
+        self.replay = replay.ReplayChecker(
+            h.replay_check_every, env.device, train_dtype(cfg, env.device), parallelism
+        )
+        self.replayed: sdc.Mismatch | None = None  # a failed replay, until check_sdc reports it
         self.watchdog = Watchdog(
             run_dir, env.rank, env.world_size, h.hang_timeout_seconds, TRACKER, _store(), log
         )
@@ -49,6 +60,10 @@ class HealthMonitor:
             checks = f"replica checks off ({parallelism}: no replicas to compare)"
         else:
             checks = "replica checks off (health.sdc_check_every 0)"
+        if self.replay.every:
+            checks += (
+                f"; replay checks every {h.replay_check_every} steps (a checked step runs twice)"
+            )
         watchdog = f"{h.hang_timeout_seconds:g} s" if h.hang_timeout_seconds else "off"
         log(
             f"health: {checks}; hang watchdog {watchdog}; stragglers logged above "
@@ -77,11 +92,38 @@ class HealthMonitor:
         self.stragglers.end_step(step_s, data_s)
         self.watchdog.beat(step)
         if self.faults.flip_due(step):
-            name = sdc.flip_bit(model)
-            print(f"fault injection: flipped a bit of {name} after step {step}", flush=True)
+            self._flip_bit(model, f"after step {step}")
 
-    def check_replicas(self, step: int, model, optimizer: torch.optim.Optimizer):
-        """A Mismatch when the replicas disagree (the caller rolls back), else None."""
+    @staticmethod
+    def _flip_bit(model: torch.nn.Module, when: str) -> None:
+        name = sdc.flip_bit(distributed.unwrap(model))
+        print(f"fault injection: flipped a bit of {name} {when}", flush=True)
+
+    def run_step(
+        self,
+        step: int,
+        update: Callable[[], T],
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        others: Sequence[replay.Stateful],
+    ) -> T:
+        """`update()`: the step's compute and update (step `step`, 1-based), run once, or
+        twice from one snapshot when a replay check is due (`others`: the rest of the state
+        it changes). A replay that differs is reported by the next check_sdc."""
+        if not self.replay.due(step):
+            return update()
+        corrupt = None
+        if self.faults.replay_flip_due(step):
+            corrupt = functools.partial(self._flip_bit, model, f"in step {step}'s first run")
+        result, self.replayed = self.replay.run(step, update, model, optimizer, others, corrupt)
+        return result
+
+    def check_sdc(self, step: int, model, optimizer: torch.optim.Optimizer):
+        """A Mismatch when this step's replay differed or the replicas disagree (the caller
+        rolls back), else None. Every rank reaches the same verdict on the same steps."""
+        mismatch, self.replayed = self.replayed, None
+        if mismatch is not None:
+            return self.sdc.record(mismatch)
         if not self.sdc.due(step):
             return None
         return self.sdc.check(step, model, optimizer)
@@ -94,4 +136,5 @@ class HealthMonitor:
         return ranks
 
     def counters(self) -> dict:
-        return {"sdc_checks": self.sdc.checks, "sdc_rollbacks": self.sdc.rollbacks}
+        checks = self.sdc.checks + self.replay.checks
+        return {"sdc_checks": checks, "sdc_rollbacks": self.sdc.rollbacks}

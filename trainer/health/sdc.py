@@ -9,11 +9,13 @@ The check sums the raw bit patterns of every parameter and every optimizer-state
 (integers, so the sum is exact and any single flipped bit changes it), gathers the two sums of
 every rank and names the ranks outside the majority. It costs one read of the state and one
 tiny all-gather. FSDP shards differ by design and a single process has no replica: the check
-is off there (a replayed-step check would cover them; not built yet).
+is off there. A single process has the replay check instead (replay.py): both report a
+Mismatch, counted here, and the loop handles either one the same way (a rollback).
 """
 
 import collections
 import dataclasses
+import enum
 import socket
 
 import torch
@@ -54,18 +56,23 @@ def odd_ones_out(sums: list) -> list[int]:
     return [i for i, s in enumerate(sums) if s != value]
 
 
+class SdcCheck(enum.Enum):
+    """Which check failed; the value is what the failure means, for the log line."""
+
+    REPLICAS = "replicas disagree on parameters or optimizer state"
+    REPLAY = "a replayed step did not reproduce its parameters and optimizer state bitwise"
+
+
 @dataclasses.dataclass(frozen=True)
 class Mismatch:
     step: int
     ranks: list[int]  # the suspects
     hosts: list[str]
+    check: SdcCheck = SdcCheck.REPLICAS
 
     def __str__(self) -> str:
         who = ", ".join(f"rank {r} on {h}" for r, h in zip(self.ranks, self.hosts, strict=True))
-        return (
-            f"silent data corruption at step {self.step}: replicas disagree on parameters or "
-            f"optimizer state; suspect {who}"
-        )
+        return f"silent data corruption at step {self.step}: {self.check.value}; suspect {who}"
 
 
 class SdcChecker:
@@ -76,7 +83,7 @@ class SdcChecker:
         self.host = socket.gethostname()
         self.checks = 0
         self.rollbacks = 0
-        self.mismatches: dict[int, int] = {}  # rank -> checks it lost
+        self.mismatches: dict[int, int] = {}  # rank -> checks it lost (replica or replay)
 
     def due(self, step: int) -> bool:
         """Every `every` steps, and on every step that ends in a checkpoint save."""
@@ -92,9 +99,13 @@ class SdcChecker:
         suspects = odd_ones_out([sums for sums, _ in gathered])
         if not suspects:
             return None
-        for rank in suspects:
+        return self.record(Mismatch(step, suspects, [gathered[r][1] for r in suspects]))
+
+    def record(self, mismatch: Mismatch) -> Mismatch:
+        """Count a lost check against each suspect rank (any check: one account)."""
+        for rank in mismatch.ranks:
             self.mismatches[rank] = self.mismatches.get(rank, 0) + 1
-        return Mismatch(step, suspects, [gathered[r][1] for r in suspects])
+        return mismatch
 
 
 def flip_bit(model: torch.nn.Module, bit: int = 22) -> str:
