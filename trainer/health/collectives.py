@@ -47,7 +47,8 @@ class CollectiveTracker:
             self._completed = self.last_exit = self.clock()
 
     def end_step(self) -> None:
-        """Adds the step's exposed DDP wait (call once the optimizer step is done)."""
+        """Adds the step's exposed DDP wait (call once the optimizer step is done, and after
+        the first run of a replayed step: each backward has its own)."""
         with self._lock:
             if self._launched is not None and self._completed is not None:
                 self.wait_seconds += max(0.0, self._completed - self._launched)

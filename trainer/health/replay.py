@@ -32,6 +32,7 @@ import torch
 
 from protos.config_yaml import ConfigError
 from trainer import distributed
+from trainer.health.collectives import TRACKER
 from trainer.health.sdc import Mismatch, SdcCheck, state_checksums
 
 FIELD = "trainer.health.replay_check_every"
@@ -107,6 +108,7 @@ class ReplayChecker:
         if corrupt_first is not None:
             corrupt_first()
         update()
+        TRACKER.end_step()  # count the first run's exposed DDP wait too (the straggler score)
         first = state_checksums(model, optimizer)
         snapshot.restore(stateful)
         result = update()
