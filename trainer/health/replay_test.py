@@ -116,3 +116,11 @@ def test_the_replay_fault_fires_once_on_its_step():
     injector = faults.Injector(faults.parse("replayflip:0:6"), rank=0)
     assert [injector.replay_flip_due(s) for s in (3, 6, 6)] == [False, True, False]
     assert "first run of replay-checked step 6" in str(faults.parse("replayflip:1:6")[0])
+
+
+def test_under_ddp_the_first_step_of_a_process_is_not_replayed():
+    cpu = torch.device("cpu")
+    ddp = replay.ReplayChecker(1, cpu, torch.float32, "DDP")
+    assert [ddp.due(step) for step in (5, 6, 7)] == [False, True, True]  # e.g. resumed at 4
+    single = replay.ReplayChecker(2, cpu, torch.float32, "SINGLE")
+    assert [single.due(step) for step in (1, 2, 3, 4)] == [False, True, False, True]
