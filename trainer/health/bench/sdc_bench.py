@@ -1,9 +1,11 @@
-"""What a replica check costs next to a training step (trainer/health/sdc.py).
+"""What the SDC checks cost next to a training step (trainer/health/sdc.py, replay.py).
 
 For three model sizes, on this process's device: the median time of one training step (forward,
-backward, AdamW step on B x T random tokens) and of `state_checksums` (bit sums of the
-parameters and the optimizer state), measured in alternating rounds in one run, and their
-ratio. At the default of one check every 50 steps the check costs ratio / 50 of training time.
+backward, AdamW step on B x T random tokens), of `state_checksums` (bit sums of the parameters
+and the optimizer state: the replica check's work) and of a replayed step (`ReplayChecker.run`:
+snapshot, step, checksums, restore, step, checksums), measured in alternating rounds in one run,
+and their ratios to the step. At one replica check every 50 steps it costs (check / step) / 50
+of training time; at one replay every N steps, (replay / step - 1) / N.
 
     PYTHONPATH=.:.gen python trainer/health/bench/sdc_bench.py [--out FILE.md]
 """
@@ -18,6 +20,7 @@ import torch
 from protos import trainer_config_pb2
 from protos.validation import resolve_trainer
 from trainer.bench.machine import machine
+from trainer.health.replay import ReplayChecker
 from trainer.health.sdc import state_checksums
 from trainer.model import Transformer, attention_layout, select_ops
 
@@ -42,10 +45,18 @@ def row(name: str, dim: int, layers: int, device: torch.device) -> str:
         optimizer.zero_grad(set_to_none=True)
 
     step()  # warm-up; creates the optimizer state the check reads
+    # every=0: not refused on a GPU; run() is called directly (a cost, not a verdict).
+    replayer = ReplayChecker(0, device, torch.float32, "SINGLE")
     steps: list[float] = []
     checks: list[float] = []
+    replays: list[float] = []
+    timed = (
+        (step, steps),
+        (lambda: state_checksums(model, optimizer), checks),
+        (lambda: replayer.run(1, step, model, optimizer, ()), replays),
+    )
     for _ in range(ROUNDS):
-        for fn, out in ((step, steps), (lambda: state_checksums(model, optimizer), checks)):
+        for fn, out in timed:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
@@ -54,9 +65,10 @@ def row(name: str, dim: int, layers: int, device: torch.device) -> str:
                 torch.cuda.synchronize()
             out.append(time.perf_counter() - start)
     params = sum(p.numel() for p in model.parameters())
-    s, c = statistics.median(steps), statistics.median(checks)
+    s, c, r = statistics.median(steps), statistics.median(checks), statistics.median(replays)
     return (
-        f"| {name} | {params / 1e6:.2f} M | {s * 1e3:,.1f} ms | {c * 1e3:,.1f} ms | {c / s:.3f} |"
+        f"| {name} | {params / 1e6:.2f} M | {s * 1e3:,.1f} ms | {c * 1e3:,.1f} ms | {c / s:.3f} "
+        f"| {r * 1e3:,.1f} ms | {r / s:.2f} |"
     )
 
 
@@ -66,11 +78,12 @@ def main() -> None:
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     lines = [
-        f"# Replica check cost ({datetime.date.today()}, {machine()}, {device.type}, "
+        f"# SDC check cost ({datetime.date.today()}, {machine()}, {device.type}, "
         f"{torch.get_num_threads()} threads, fp32, batch {BATCH} x {SEQ})",
         "",
-        "| model | parameters | training step | state_checksums | check / step |",
-        "| --- | --- | --- | --- | --- |",
+        "| model | parameters | training step | state_checksums | check / step "
+        "| replayed step | replay / step |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     lines += [row(name, dim, layers, device) for name, (dim, layers) in SIZES.items()]
     print("\n".join(lines))
