@@ -418,11 +418,15 @@ class Trainer:
         return None
 
     def _update(
-        self, batches: list[dict], n_tokens: float, timed
+        self,
+        batches: list[dict],
+        n_tokens: float,
+        timed: contextlib.AbstractContextManager | None,
     ) -> tuple[float, float, Verdict, float]:
-        """The step's compute and update: (loss, grad norm, verdict, lr). It changes only the
-        model, the optimizer, the schedule, the loss scale, the loss guard and the noise scale
-        (what HealthMonitor.run_step snapshots for a replay)."""
+        """The step's compute and update: (loss, grad norm, verdict, lr). It changes the model,
+        the optimizer, the schedule, the loss scale, the loss guard and the noise scale (what
+        HealthMonitor.run_step snapshots for a replay), and MoE routing statistics (a metric;
+        a replayed step counts them twice)."""
         with timed or contextlib.nullcontext():
             loss, grad_norm = self.train_step(batches, n_tokens)
         verdict = self.guard.check(loss)
