@@ -184,17 +184,19 @@ class Engine:
         budget = self.cfg.max_batch_tokens
         scheduled: list[tuple[Request, int]] = []
         decoding = [r for r in self.running if r.length - r.computed == 1]
+        preempted = False
         for r in decoding:
             if budget == 0:
                 break
-            if r not in self.running:
+            if preempted and r not in self.running:
                 continue  # preempted below, to make room for an older request
             while not self._fits(r, 1):
                 victim = self.running[-1]
                 self._preempt(victim)
+                preempted = True
                 if victim is r:
                     break
-            if r in self.running:
+            if not preempted or r in self.running:
                 scheduled.append((r, 1))
                 budget -= 1
         for r in self.running:
@@ -220,6 +222,8 @@ class Engine:
 
     def _fits(self, r: Request, n: int) -> bool:
         """Grows r's block table to hold n more positions, if the blocks are there."""
+        if r.computed + n <= len(r.table) * self.cache.block_size:
+            return True  # its last block has room
         if self.cache.blocks_for(r.computed + n) - len(r.table) > self.cache.allocator.free:
             return False
         self.cache.grow(r.table, r.computed + n)
