@@ -22,6 +22,7 @@ import argparse
 import multiprocessing
 import os
 import statistics
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -60,16 +61,27 @@ def start(model: Transformer, **serve) -> Server:
 class Level:
     result: Result
     tokens_per_cpu_second: float  # of the server process (the clients run in another one)
+    engine_us_per_token: float  # CPU of the engine's thread (model steps, scheduling, outputs)
+    http_us_per_token: float  # CPU of the HTTP thread (asyncio, uvicorn, SSE events)
+
+
+def _thread_cpu(thread: threading.Thread) -> float:
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
 def run_level(
     pool: ProcessPoolExecutor, server: Server, clients: int, each: int, max_tokens: int
 ) -> Level:
     body = {"model": "bench", "prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0}
-    cpu = time.process_time()
+    threads = (server.runner.thread, server.thread)
+    cpu, (engine, http) = time.process_time(), map(_thread_cpu, threads)
     wall, records = pool.submit(run_clients, server.endpoint, body, clients, each).result()
     cpu = time.process_time() - cpu
-    return Level(summarize(clients, wall, records), sum(r.tokens for r in records) / cpu)
+    engine, http = _thread_cpu(threads[0]) - engine, _thread_cpu(threads[1]) - http
+    tokens = sum(r.tokens for r in records)
+    result = summarize(clients, wall, records)
+    return Level(result, tokens / cpu, 1e6 * engine / tokens, 1e6 * http / tokens)
 
 
 @dataclass(frozen=True)
@@ -105,15 +117,17 @@ def print_round(number: int, r: Round) -> None:
     print(f"\nRound {number} (load average {r.load:.1f} at its end):\n")
     print(
         "| server | clients | requests | tokens/s (wall) | tokens per server CPU-second | "
-        "x one at a time (CPU) | TTFT p50 / p99 (s) | inter-token p50 / p99 (ms) |"
+        "x one at a time (CPU) | CPU per token: engine / HTTP thread (us) | "
+        "TTFT p50 / p99 (s) | inter-token p50 / p99 (ms) |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, level in r.rows:
         x = level.result
         print(
             f"| {name} | {x.clients} | {x.requests} | {x.tokens_per_s:,.0f} | "
             f"{level.tokens_per_cpu_second:,.0f} | "
             f"{level.tokens_per_cpu_second / r.base.tokens_per_cpu_second:.1f}x | "
+            f"{level.engine_us_per_token:.0f} / {level.http_us_per_token:.0f} | "
             f"{x.ttft_p50:.3f} / {x.ttft_p99:.3f} | "
             f"{1000 * x.itl_p50:.1f} / {1000 * x.itl_p99:.1f} |"
         )

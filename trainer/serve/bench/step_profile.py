@@ -13,6 +13,7 @@ import cProfile
 import os
 import pstats
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -24,7 +25,7 @@ from trainer.serve.paged_model import StepBatch
 
 # The parts of a step: functions whose cumulative time is counted (disjoint: none calls
 # another), and the two tensor ops that do the arithmetic.
-PARTS = {
+PARTS: dict[str, str | tuple[Callable[..., object], ...]] = {
     "matmuls (projections, MLP, output layer)": "<built-in method torch._C._nn.linear>",
     "attention (scaled_dot_product_attention)": (
         "<built-in method torch._C._nn.scaled_dot_product_attention>"
@@ -64,7 +65,8 @@ def parts(stats: pstats.Stats) -> dict[str, float]:
         if isinstance(what, str):
             keys = [("~", 0, what)]
         else:
-            keys = [(f.__code__.co_filename, f.__code__.co_firstlineno, f.__name__) for f in what]
+            codes = [f.__code__ for f in what]
+            keys = [(c.co_filename, c.co_firstlineno, c.co_name) for c in codes]
         found[part] = sum(times[k][3] for k in keys if k in times)
     return found
 
