@@ -9,8 +9,10 @@ naming the field: 400 for bad input (malformed JSON included: FastAPI's 422 is t
 import asyncio
 import dataclasses
 import json
+import threading
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -98,9 +100,36 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     return ApiError(400, f"{param}: {first.get('msg')}", param)
 
 
+class _Mailbox:
+    """Hands outputs from the engine's thread to one event loop's request queues, waking the
+    loop once for all the outputs that arrive before it runs (a step's worth), not once per
+    token: each wake-up is a write to the loop's self-pipe and a turn of the loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self._lock = threading.Lock()
+        self._items: list[tuple[asyncio.Queue, Output]] = []
+
+    def put(self, queue: asyncio.Queue, out: Output) -> None:  # on the engine's thread
+        with self._lock:
+            self._items.append((queue, out))
+            wake = len(self._items) == 1
+        if wake:
+            self.loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:  # on the loop
+        with self._lock:
+            items, self._items = self._items, []
+        for queue, out in items:
+            queue.put_nowait(out)
+
+
 def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
     app = FastAPI(title="kitchen serve")
     registry = runner.metrics.registry
+    mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+        weakref.WeakKeyDictionary()
+    )
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -163,9 +192,10 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         outputs: asyncio.Queue[Output] = asyncio.Queue()
         loop = asyncio.get_running_loop()
+        mailbox = mailboxes.get(loop) or mailboxes.setdefault(loop, _Mailbox(loop))
 
         def deliver(out: Output) -> None:  # on the engine's thread
-            loop.call_soon_threadsafe(outputs.put_nowait, out)
+            mailbox.put(outputs, out)
 
         try:
             runner.submit(EngineRequest(rid, prompt, params), deliver)
@@ -230,11 +260,19 @@ async def _stream(
         if reply.chat:
             yield f"data: {json.dumps(reply.chunk('', None, first=True))}\n\n"
         while not finished:
-            out = await outputs.get()
-            finished, tokens = out.finish is not None, tokens + len(out.token_ids)
-            finish = out.finish.value if out.finish else None
-            if out.text or finished:
-                yield f"data: {json.dumps(reply.chunk(out.text, finish))}\n\n"
+            # Every output already queued goes out in one write (one chunk of the HTTP body),
+            # each still its own event: a client that fell behind catches up in fewer writes.
+            outs = [await outputs.get()]
+            while not outputs.empty():
+                outs.append(outputs.get_nowait())
+            events = []
+            for out in outs:
+                finished, tokens = out.finish is not None, tokens + len(out.token_ids)
+                finish = out.finish.value if out.finish else None
+                if out.text or finished:
+                    events.append(f"data: {json.dumps(reply.chunk(out.text, finish))}\n\n")
+            if events:
+                yield "".join(events)
         if usage:
             last = {**reply.chunk("", None), "choices": [], "usage": reply.usage(tokens)}
             yield f"data: {json.dumps(last)}\n\n"

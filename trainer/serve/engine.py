@@ -54,6 +54,8 @@ class Request:
     output: list[int] = field(default_factory=list)
     text: str = ""  # decoded output, up to a stop string
     sent: int = 0  # characters of `text` already handed out
+    decoded_from: int = 0  # incremental detokenization: output[decoded_from:decoded_to] is
+    decoded_to: int = 0  # the last complete text, decoded again as the next token's context
     computed: int = 0  # positions whose keys and values are in the cache
     table: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
@@ -142,18 +144,39 @@ class Engine:
         scheduled = self._schedule()
         if not scheduled:
             return outputs
-        runs = [
-            Run(r.tokens[r.computed : r.computed + n], r.computed, r.table) for r, n in scheduled
-        ]
+        runs = [Run(self._new_tokens(r, n), r.computed, r.table) for r, n in scheduled]
         logits = forward_step(self.model, runs, self.cache)
+        ready = []  # (row of logits, request) of the requests whose whole context is read
         for i, (r, n) in enumerate(scheduled):
             r.computed += n
-            if r.computed < r.length:
-                continue  # a prefill chunk: the prompt is not all read yet
-            outputs.append(self._append(r, logits[i : i + 1]))
-        for r in [r for r in self.running if r.finish is not None]:
-            self.running.remove(r)
+            if r.computed == r.length:  # else a prefill chunk: the prompt is not all read yet
+                ready.append((i, r))
+        for (_, r), token in zip(ready, self._sample(logits, ready), strict=True):
+            outputs.append(self._append(r, token))
+        if any(r.finish is not None for r in self.running):
+            self.running = [r for r in self.running if r.finish is None]
         return outputs
+
+    @staticmethod
+    def _new_tokens(r: Request, n: int) -> list[int]:
+        if n == 1 and r.output and r.computed == r.length - 1:  # decoding: its last token
+            return r.output[-1:]
+        return r.tokens[r.computed : r.computed + n]
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, ready: list[tuple[int, Request]]) -> list[int]:
+        """The next token of each ready request: the greedy ones with one argmax over their
+        rows, the others one by one (each has its own seeded generator and filters)."""
+        greedy = [i for i, r in ready if r.params.temperature == 0]
+        if len(greedy) == len(ready) == len(logits):
+            return logits.argmax(dim=-1).tolist()
+        tokens = dict(zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True))
+        for i, r in ready:
+            if i not in tokens:
+                p = r.params
+                row = logits[i : i + 1]
+                tokens[i] = int(sample_next(row, p.temperature, p.top_k, p.top_p, r.generator)[0])
+        return [tokens[i] for i, _ in ready]
 
     def _schedule(self) -> list[tuple[Request, int]]:
         """(request, new tokens) for this step, under the token budget; preempts when a
@@ -161,17 +184,19 @@ class Engine:
         budget = self.cfg.max_batch_tokens
         scheduled: list[tuple[Request, int]] = []
         decoding = [r for r in self.running if r.length - r.computed == 1]
+        preempted = False
         for r in decoding:
             if budget == 0:
                 break
-            if r not in self.running:
+            if preempted and r not in self.running:
                 continue  # preempted below, to make room for an older request
             while not self._fits(r, 1):
                 victim = self.running[-1]
                 self._preempt(victim)
+                preempted = True
                 if victim is r:
                     break
-            if r in self.running:
+            if not preempted or r in self.running:
                 scheduled.append((r, 1))
                 budget -= 1
         for r in self.running:
@@ -197,6 +222,8 @@ class Engine:
 
     def _fits(self, r: Request, n: int) -> bool:
         """Grows r's block table to hold n more positions, if the blocks are there."""
+        if r.computed + n <= len(r.table) * self.cache.block_size:
+            return True  # its last block has room
         if self.cache.blocks_for(r.computed + n) - len(r.table) > self.cache.allocator.free:
             return False
         self.cache.grow(r.table, r.computed + n)
@@ -219,31 +246,44 @@ class Engine:
         self.preemptions += 1
         self.waiting.appendleft(r)
 
-    def _append(self, r: Request, logits: torch.Tensor) -> Output:
+    def _append(self, r: Request, token: int) -> Output:
         p = r.params
-        token = int(sample_next(logits, p.temperature, p.top_k, p.top_p, r.generator)[0])
         r.output.append(token)
         finish = None
         if token == self.eos_id:
             finish = FinishReason.STOP
-        r.text = self.decode(r.output)
-        cut = min((i for i in (r.text.find(s) for s in p.stop) if i >= 0), default=-1)
+        elif len(r.output) >= p.max_tokens or r.length >= self.max_len:
+            finish = FinishReason.LENGTH
+        searched = len(r.text)
+        self._detokenize(r, final=finish is not None)
+        # A stop string not in the text before must end in the new part: search from there.
+        found = (r.text.find(s, max(0, searched - len(s) + 1)) for s in p.stop)
+        cut = min((i for i in found if i >= 0), default=-1)
         if cut >= 0:
             r.text, finish = r.text[:cut], FinishReason.STOP
-        elif finish is None and (len(r.output) >= p.max_tokens or r.length >= self.max_len):
-            finish = FinishReason.LENGTH
         ready = len(r.text)
-        if finish is None:  # hold back half a character and what may start a stop string
-            ready = len(r.text.rstrip("\ufffd"))
+        if finish is None:  # hold back what may be the start of a stop string
             for s in p.stop:
                 for k in range(min(len(s) - 1, ready), 0, -1):
-                    if r.text[:ready].endswith(s[:k]):
+                    if r.text.endswith(s[:k]):
                         ready -= k
                         break
         delta, r.sent = r.text[r.sent : max(ready, r.sent)], max(ready, r.sent)
         if finish is not None:
             self._end(r, finish)
         return Output(r.id, delta, [token], finish)
+
+    def _detokenize(self, r: Request, final: bool) -> None:
+        """Extends r.text with its new tokens' text, decoding only the tokens since the last
+        complete character plus the ones before them (vLLM's incremental detokenization):
+        decoding the whole output every token costs O(length) per token. Text that ends in
+        half a character (U+FFFD) waits for the next token, unless this is the last one."""
+        window = r.output[r.decoded_from :]
+        before = self.decode(window[: r.decoded_to - r.decoded_from])
+        text = self.decode(window)
+        if len(text) > len(before) and (final or not text.endswith("\ufffd")):
+            r.text += text[len(before) :]
+            r.decoded_from, r.decoded_to = r.decoded_to, len(r.output)
 
     def _end(self, r: Request, finish: FinishReason) -> None:
         r.finish = finish

@@ -9,7 +9,7 @@ import torch
 from trainer.generate import generate
 from trainer.serve.engine import Engine, FinishReason, Request, SamplingParams
 from trainer.serve.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache
-from trainer.serve.testing import EOS, VOCAB, decode, serve_config, tiny_model
+from trainer.serve.testing import BOS, EOS, VOCAB, decode, serve_config, tiny_model
 
 torch.set_num_threads(1)  # tiny ops: several threads only spin on a shared machine
 
@@ -69,7 +69,7 @@ def test_cache_grows_a_table_block_by_block(model):
     with pytest.raises(OutOfBlocks):
         cache.grow(table, 17)
     assert len(table) == 2  # unchanged by the failed grow
-    assert cache.slots(table, 3, 6).tolist() == [
+    assert cache.slots(table, 3, 6) == [
         table[0] * 4 + 3,
         table[1] * 4 + 0,
         table[1] * 4 + 1,
@@ -151,3 +151,26 @@ def test_a_long_prompt_is_prefilled_in_chunks_under_the_token_budget(model):
     got = run_all(engine, [greedy(prompt, 0, max_tokens=10)])
     assert got["r0"] == reference(model, prompt, 10)
     assert VOCAB > max(got["r0"])
+
+
+def test_streamed_text_equals_decoding_the_whole_output_for_multibyte_characters(model):
+    # A byte-level decoder: each token one byte of these characters (1 to 4 bytes of UTF-8), so
+    # the stream meets half characters, which must wait for their end, and invalid sequences.
+    utf8 = "aé€😀".encode()
+
+    def decode_bytes(ids: list[int]) -> str:
+        return bytes(utf8[i % len(utf8)] for i in ids if i < BOS).decode("utf-8", "replace")
+
+    engine = Engine(model, serve_config(), decode=decode_bytes, eos_id=EOS, max_len=MAX_LEN)
+    params = SamplingParams(max_tokens=40, temperature=1.5, seed=11)
+    requests = [Request(f"r{i}", p, params) for i, p in enumerate(prompts(6, seed=5))]
+    for r in requests:
+        engine.add(r)
+    texts = {r.id: "" for r in requests}
+    while engine.has_work():
+        for o in engine.step():
+            assert "\ufffd" not in o.text[-1:] or o.finish is not None, "half a character sent"
+            texts[o.request_id] += o.text
+    for r in requests:
+        assert texts[r.id] == decode_bytes(r.output), r.id
+    assert any(len(t.encode()) > len(t) for t in texts.values())  # multi-byte characters came

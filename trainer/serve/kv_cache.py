@@ -2,14 +2,16 @@
 
 A sequence holds ceil(tokens / block_size) blocks, taken one at a time as it grows: nothing is
 reserved for the longest it might become, so many more sequences fit than with a (batch,
-max_len) cache. Token t of a sequence lives in slot `table[t // block_size] * block_size +
-t % block_size` of the pool.
+max_len) cache. Token t of a sequence lives at row `t % block_size` of block
+`table[t // block_size]`.
 
-Attention over the blocks (`PagedKVCache.gather`) copies a step's context into a contiguous
-(batch, context, heads, head_dim) tensor with one index per layer, then runs PyTorch's
-scaled_dot_product_attention on it. vLLM's PagedAttention kernel reads the blocks in place
-instead; on CPU at this size the copy is cheap next to the matmuls, and it keeps the attention
-the same op the `generate` job runs.
+A layer's pool is one tensor (num_blocks, block_size, 2, kv_heads, head_dim): keys and values
+of a position side by side, so a step writes them with one index and reads a sequence's context
+with one index per block (`PagedKVCache.gather`: whole blocks, not position by position).
+Attention then runs PyTorch's scaled_dot_product_attention on the gathered (batch, context)
+tensor. vLLM's PagedAttention kernel reads the blocks in place instead; on CPU at this size the
+copy of whole blocks is a small part of the step (bench/serve_results.md has the profile), and
+it keeps the attention the same op the `generate` job runs.
 """
 
 from collections import deque
@@ -46,7 +48,7 @@ class BlockAllocator:
 
 
 class PagedKVCache:
-    """Keys and values of every layer in pools of (num_blocks * block_size) slots."""
+    """Keys and values of every layer in pools of num_blocks blocks of block_size positions."""
 
     def __init__(
         self,
@@ -60,9 +62,8 @@ class PagedKVCache:
     ):
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
-        shape = (num_blocks * block_size, n_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
+        shape = (num_blocks, block_size, 2, n_kv_heads, head_dim)
+        self.kv = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layers)]
 
     def blocks_for(self, tokens: int) -> int:
         """Blocks that hold `tokens` positions."""
@@ -80,18 +81,20 @@ class PagedKVCache:
         self.allocator.release(table)
         table.clear()
 
-    def slots(self, table: list[int], start: int, stop: int) -> torch.Tensor:
-        """Pool slots of positions start..stop-1 of the sequence with block table `table`."""
-        positions = torch.arange(start, stop)
-        blocks = torch.tensor(table, dtype=torch.long)[positions // self.block_size]
-        return blocks * self.block_size + positions % self.block_size
+    def slots(self, table: list[int], start: int, stop: int) -> list[int]:
+        """Pool slots (block * block_size + row) of positions start..stop-1 of the sequence with
+        block table `table`."""
+        bs = self.block_size
+        return [table[t // bs] * bs + t % bs for t in range(start, stop)]
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Stores k and v (tokens, kv_heads, head_dim) at `slots`."""
-        self.k[layer][slots] = k
-        self.v[layer][slots] = v
+        pool = self.kv[layer]
+        pool.view(-1, *pool.shape[2:])[slots] = torch.stack((k, v), dim=1)
 
-    def gather(self, layer: int, context_slots: torch.Tensor):
-        """Keys and values (batch, context, kv_heads, head_dim) at `context_slots` (batch,
-        context); padded entries point at any slot and are masked by the caller."""
-        return self.k[layer][context_slots], self.v[layer][context_slots]
+    def gather(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (batch, blocks * block_size, kv_heads, head_dim) of the blocks in
+        `tables` (batch, blocks); padding entries point at any block and are masked by the
+        caller."""
+        kv = self.kv[layer][tables].flatten(1, 2)
+        return kv[:, :, 0], kv[:, :, 1]

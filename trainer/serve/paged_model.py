@@ -2,10 +2,12 @@
 
 Every scheduled sequence contributes a run of new tokens (a prefill chunk, or one token when
 decoding); the runs are packed into one row, so the projections and the MLP of all sequences
-are one matmul each: that is where batching pays. Attention is per sequence: its queries, and
-its whole context gathered from the block pool (kv_cache.py), padded to the step's longest.
-The model's own modules (norms, projections, rotary tables, MLP) do the arithmetic, so the
-numbers are the `generate` job's up to float rounding.
+are one matmul each: that is where batching pays. Attention is per sequence, over its context
+gathered block by block from the pool (kv_cache.py), in two groups: the runs of one new token
+(decoding: one query each, no padding) and the longer runs (prefill chunks: queries padded to
+the longest chunk). Kept apart, a prefill chunk arriving does not pad every decoding sequence's
+single query up to its own length. The model's own modules (norms, projections, rotary tables,
+MLP) do the arithmetic, so the numbers are the `generate` job's up to float rounding.
 """
 
 from dataclasses import dataclass
@@ -26,40 +28,62 @@ class Run:
     table: list[int]
 
 
+class _Group:
+    """Attention inputs of runs packed one after another from token `first` of the step's row.
+
+    Query j of a run sits at position start + j and sees keys 0..start + j; keys are the whole
+    blocks of the run's table, padded to the group's longest with block 0 and masked out."""
+
+    def __init__(self, runs: list[Run], first: int, cache: PagedKVCache, device):
+        starts = torch.tensor([r.start for r in runs])
+        lengths = [len(r.tokens) for r in runs]
+        blocks = max(len(r.table) for r in runs)
+        tables = [r.table + [0] * (blocks - len(r.table)) for r in runs]
+        self.tables = torch.tensor(tables, device=device)
+        self.tokens = slice(first, first + sum(lengths))
+        key = torch.arange(blocks * cache.block_size)
+        max_new = max(lengths)
+        self.shape = (len(runs), max_new)
+        self.row = self.col = None  # decoding: one query per run, nothing to pad
+        if max_new == 1:
+            self.mask = (key[None, :] <= starts[:, None])[:, None, None].to(device)
+            return
+        counts = torch.tensor(lengths)
+        query = torch.arange(max_new)
+        mask = key[None, None, :] <= starts[:, None, None] + query[None, :, None]
+        mask &= query[None, :, None] < counts[:, None, None]
+        mask[:, :, 0] |= ~mask.any(dim=-1)  # padded query rows see one key: no NaN rows
+        self.mask = mask[:, None].to(device)
+        # Where each packed token sits in the padded (runs, max_new) query grid.
+        self.row = torch.repeat_interleave(torch.arange(len(runs)), counts).to(device)
+        offsets = torch.repeat_interleave(counts.cumsum(0) - counts, counts)
+        self.col = (torch.arange(int(counts.sum())) - offsets).to(device)
+
+
 class StepBatch:
     """The index tensors of one step, built once and shared by every layer."""
 
     def __init__(self, runs: list[Run], cache: PagedKVCache, device):
-        bs = cache.block_size
-        starts = torch.tensor([r.start for r in runs])
-        lengths = torch.tensor([len(r.tokens) for r in runs])
-        contexts = starts + lengths
-        batch, max_new, max_ctx = len(runs), int(lengths.max()), int(contexts.max())
-        tables = torch.zeros(batch, -(-max_ctx // bs), dtype=torch.long)
-        for i, r in enumerate(runs):
-            tables[i, : len(r.table)] = torch.tensor(r.table[: tables.shape[1]])
-        key = torch.arange(max_ctx)
-        # Pool slot of every context position of every run (padding points at some slot).
-        context_slots = tables[:, key // bs] * bs + key % bs
-        # Where each packed token sits in the padded (batch, max_new) query grid.
-        self.row = torch.repeat_interleave(torch.arange(batch), lengths)
-        self.col = torch.arange(int(lengths.sum())) - torch.repeat_interleave(
-            lengths.cumsum(0) - lengths, lengths
-        )
-        positions = starts[self.row] + self.col
-        self.ids = torch.tensor([t for r in runs for t in r.tokens], device=device)[None]
-        self.positions = positions.to(device)[None]
-        self.slots = context_slots[self.row, positions].to(device)
-        # Query j of a run sits at position start + j and sees keys 0..start + j.
-        query = torch.arange(max_new)
-        mask = key[None, None, :] <= starts[:, None, None] + query[None, :, None]
-        mask &= query[None, :, None] < lengths[:, None, None]
-        mask[:, :, 0] |= ~mask.any(dim=-1)  # padded query rows see one key: no NaN rows
-        self.context_slots = context_slots.to(device)
-        self.mask = mask[:, None].to(device)
-        self.row, self.col = self.row.to(device), self.col.to(device)
-        self.shape = (batch, max_new)
-        self.last = (lengths.cumsum(0) - 1).to(device)  # each run's last token
+        decoding = [r for r in runs if len(r.tokens) == 1]
+        prefill = [r for r in runs if len(r.tokens) > 1]
+        packed = decoding + prefill  # the order of the step's row
+        ids = [t for r in packed for t in r.tokens]
+        positions = [p for r in packed for p in range(r.start, r.start + len(r.tokens))]
+        slots = [s for r in packed for s in cache.slots(r.table, r.start, r.start + len(r.tokens))]
+        self.ids = torch.tensor(ids, device=device)[None]
+        self.positions = torch.tensor(positions, device=device)[None]
+        self.slots = torch.tensor(slots, device=device)
+        self.groups = []
+        if decoding:
+            self.groups.append(_Group(decoding, 0, cache, device))
+        if prefill:
+            self.groups.append(_Group(prefill, len(decoding), cache, device))
+        # Each run's last token in the packed row, in the order of `runs`.
+        end, last = 0, {}
+        for r in packed:
+            end += len(r.tokens)
+            last[id(r)] = end - 1
+        self.last = torch.tensor([last[id(r)] for r in runs], device=device)
 
 
 def _attention(attn, x, cos, sin, step: StepBatch, cache: PagedKVCache, layer: int):
@@ -69,17 +93,25 @@ def _attention(attn, x, cos, sin, step: StepBatch, cache: PagedKVCache, layer: i
     v = attn.wv(x).view(1, n, attn.n_kv_heads, attn.head_dim)
     q, k = attn.ops.apply_rope(q, k, cos, sin)
     cache.write(layer, step.slots, k[0], v[0])
-    keys, values = cache.gather(layer, step.context_slots)
-    padded = q.new_zeros(*step.shape, attn.n_heads, attn.head_dim)
-    padded[step.row, step.col] = q[0]
-    out = F.scaled_dot_product_attention(
-        padded.transpose(1, 2),
-        keys.transpose(1, 2),
-        values.transpose(1, 2),
-        attn_mask=step.mask,
-        enable_gqa=attn.n_kv_heads != attn.n_heads,
-    ).transpose(1, 2)
-    return attn.wo(out[step.row, step.col].reshape(1, n, -1))
+    outs = []
+    for g in step.groups:
+        keys, values = cache.gather(layer, g.tables)
+        queries = q[0, g.tokens]
+        if g.row is None:
+            padded = queries[:, None]
+        else:
+            padded = queries.new_zeros(*g.shape, attn.n_heads, attn.head_dim)
+            padded[g.row, g.col] = queries
+        out = F.scaled_dot_product_attention(
+            padded.transpose(1, 2),
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            attn_mask=g.mask,
+            enable_gqa=attn.n_kv_heads != attn.n_heads,
+        ).transpose(1, 2)
+        outs.append(out[:, 0] if g.row is None else out[g.row, g.col])
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return attn.wo(out.reshape(1, n, -1))
 
 
 @torch.no_grad()

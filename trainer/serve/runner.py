@@ -148,13 +148,13 @@ class EngineRunner:
         outputs = self.engine.step()
         now = time.monotonic()
         m = self.metrics
+        generated = 0
         for out in outputs:
             timing = self._live.get(out.request_id)
             if timing is None:
                 continue
             if out.token_ids:
-                m.generation_tokens.inc(len(out.token_ids))
-                self.generated += len(out.token_ids)
+                generated += len(out.token_ids)
                 if timing.last_token:
                     m.inter_token_latency.observe(now - timing.last_token)
                     self._itl.append(now - timing.last_token)
@@ -167,6 +167,8 @@ class EngineRunner:
                 m.ended(out.finish.value)
                 del self._live[out.request_id]
             timing.sink(out)
+        m.generation_tokens.inc(generated)  # once a step: a counter's lock per token adds up
+        self.generated += generated
         m.preemptions.inc(self.engine.preemptions - preempted)
         with self._lock:
             self._queued = len(self.engine.waiting) + self._inbox.qsize()
