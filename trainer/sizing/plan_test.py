@@ -100,6 +100,19 @@ def test_flash_attention_stores_no_scores_by_default_on_a_gpu(capsys):
     assert p["backward_transient"]["none"]["value"] == 4 * 4096 * 32000  # the logits' gradient
 
 
+def test_activation_line_follows_kv_heads_and_ffn_dim(capsys):
+    # The plan's own line uses the model's GQA and SwiGLU width (memory.layer_activations):
+    # 8 KV heads of 32 keep K and V at a quarter each, 2·(1 − 1/4)·2 bytes less per s·b·h;
+    # h more SwiGLU width adds a hidden-sized gate, up and product: 3·2 bytes per s·b·h.
+    def selective(*extra):
+        p = run_json(capsys, *LLAMA2_7B, *HARDWARE, *extra)["memory"]
+        return p["activations_per_layer"]["selective"]["value"]
+
+    sbh = 4096 * 4096
+    assert selective() - selective("--kv-heads", "8") == sbh * 2 * (1 - 8 / 32) * 2
+    assert selective("--ffn-dim", str(11008 + 4096)) - selective() == sbh * 3 * 2
+
+
 def test_dropout_flag_counts_masks_and_the_papers_score_bytes(capsys):
     args = [*LLAMA2_7B, *HARDWARE, "--dropout", "--attention", "materialized"]
     p = run_json(capsys, *args)["memory"]
