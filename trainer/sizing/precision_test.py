@@ -7,7 +7,9 @@ from trainer.sizing.precision import SPECS, Precision, from_config_dtype
 @pytest.mark.parametrize("name", [k for k in DTYPES if k])
 def test_every_config_spelling_maps_to_the_precision_of_its_torch_dtype(name):
     by_torch = {"float32": Precision.FP32, "bfloat16": Precision.BF16, "float16": Precision.FP16}
-    assert from_config_dtype(name, on_cuda=True) is by_torch[DTYPES[name]]
+    torch_name = DTYPES[name]
+    assert torch_name is not None
+    assert from_config_dtype(name, on_cuda=True) is by_torch[torch_name]
 
 
 def test_automatic_is_the_trainers_choice_and_float8_maps_by_name():
