@@ -11,9 +11,9 @@ The micro-batch norm is each rank's own (`MicroBatchGradNorm`, averaged over ran
 micro-batch on one rank, B_small = its tokens. It is read from the gradients as autograd
 produces them, not from `p.grad`, so it is the same number under DDP (whose first micro-batch
 is not synchronized) and FSDP2 (whose parameters' `.grad` holds reduce-scattered shards, and
-whose unsynchronized gradients sit on the unsharded parameters it swaps in for each layer's
-forward); the whole step's norm is the clipping norm, which under FSDP2 is the DTensor norm:
-local squared norms of the gradient shards, all-reduced.
+whose unsynchronized gradients sit on the unsharded parameters it gathers for each layer);
+the whole step's norm is the clipping norm, which under FSDP2 is the DTensor norm: local
+squared norms of the gradient shards, all-reduced.
 """
 
 import torch
@@ -56,25 +56,26 @@ class MicroBatchGradNorm:
     """The squared norm of the gradient one backward pass computes, summed per parameter by
     tensor hooks as autograd produces it (before it is accumulated into `.grad`).
 
-    Hooks go on the parameters each module holds when it runs (a forward pre-hook on every
-    module with parameters of its own): the model's own parameters under DDP or in one
-    process, the unsharded ones FSDP2 gathers for the layer's forward. Open it before the
-    forward pass; `close()` after the backward pass returns the squared norm."""
+    The parameters are the leaves the loss's graph ends in (its AccumulateGrad nodes): the
+    model's own under DDP or in one process, the unsharded ones FSDP2 gathered for each
+    layer. Found from the graph, not from module hooks, so compiled blocks (torch.compile
+    traces module hooks once and does not see later ones) and FSDP2's private state play no
+    part. Open it on the loss before its backward pass; `close()` after it returns the norm."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, loss: torch.Tensor):
         self.parts: list[torch.Tensor] = []
-        self.hooked: set[int] = set()  # a tied or recomputed parameter counts once
-        self.handles = [
-            m.register_forward_pre_hook(self._hook_parameters)
-            for m in model.modules()
-            if any(p is not None for p in m._parameters.values())
-        ]
-
-    def _hook_parameters(self, module: torch.nn.Module, args) -> None:
-        for p in module._parameters.values():
-            if p is not None and p.requires_grad and id(p) not in self.hooked:
-                self.hooked.add(id(p))
-                self.handles.append(p.register_hook(self._add))
+        self.handles = []
+        seen: set[int] = set()
+        stack = [loss.grad_fn]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            leaf = getattr(node, "variable", None)  # an AccumulateGrad node's parameter
+            if leaf is not None:
+                self.handles.append(leaf.register_hook(self._add))
+            stack.extend(next_node for next_node, _ in node.next_functions)
 
     def _add(self, grad: torch.Tensor) -> None:
         # Squares summed in float64, a chunk at a time (a float32 temporary of at most 2^24

@@ -2,9 +2,10 @@
 
 Two processes under torchrun (gloo on 127.0.0.1), two micro-batches each per step: the same
 global batches (the loader hands batch g to rank g % world), the same per-rank micro-batch
-norm (grad_noise.MicroBatchGradNorm: under FSDP2 from the unsharded parameters' gradients as
-autograd produces them) and the same whole-step norm (under FSDP2 the DTensor norm of the
-gradient shards). So every step's B_simple must agree up to float summation order.
+norm (grad_noise.MicroBatchGradNorm: hooks on the leaves of the loss's graph, under FSDP2 the
+unsharded parameters, as autograd produces their gradients) and the same whole-step norm
+(under FSDP2 the DTensor norm of the gradient shards). So every step's B_simple must agree up
+to float summation order.
 
 Tolerance: relative 1e-4. They agree to 1e-6 here (2026-12-01: 2874.574 and 2874.570 tokens
 at step 1). The losses agree to ~1e-6 (distributed_test.py), and B_simple divides two

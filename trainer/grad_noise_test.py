@@ -34,8 +34,7 @@ def test_unknown_until_measured_and_ignores_degenerate_batches():
 @pytest.mark.parametrize("recompute", ["NONE", "FULL"])
 def test_micro_batch_norm_is_the_norm_of_the_gradient_backward_computes(recompute):
     """The hooks' sum equals |p.grad|² after one backward pass from zero gradients, with tied
-    embeddings (one parameter used twice) and with the blocks recomputed in backward (their
-    forward pre-hooks run twice)."""
+    embeddings (one parameter used twice) and with the blocks recomputed in backward."""
     from protos import trainer_config_pb2
     from protos.validation import resolve_trainer
     from trainer.model import Transformer
@@ -47,8 +46,9 @@ def test_micro_batch_norm_is_the_norm_of_the_gradient_backward_computes(recomput
     assert cfg.model.tie_embeddings
     model = Transformer(cfg.model, cfg.data.vocab_size, recompute=recompute)
     ids, position_ids, layout, labels = tiny_batch(cfg)
-    probe = MicroBatchGradNorm(model)
-    model(ids, position_ids, layout, labels=labels).backward()
+    loss = model(ids, position_ids, layout, labels=labels)
+    probe = MicroBatchGradNorm(loss)
+    loss.backward()
     measured = probe.close()
     expected = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters())
     assert measured == pytest.approx(expected, rel=1e-7)

@@ -292,9 +292,9 @@ class Trainer:
         for k, b in enumerate(batches):
             layout = attention_layout(b["document_ids"], self.device, self.dtype)
             b = {key: v.to(self.device, non_blocking=True) for key, v in b.items()}
-            probe = MicroBatchGradNorm(self.model) if k == 0 and measure_noise else None
             with distributed.gradient_sync(self.model, k == accum - 1), autocast:
                 loss = self.model(b["input_ids"], b["position_ids"], layout, b["labels"])
+            probe = MicroBatchGradNorm(loss) if k == 0 and measure_noise else None
             self.scaler.scale(loss * (world / n_tokens)).backward()
             loss_sum += loss.detach()
             if probe is not None:
