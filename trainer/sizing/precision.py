@@ -16,8 +16,10 @@ parameters stay fp32 (they are the master copy the optimizer updates, and their 
 fp32 because autograd accumulates into the parameter's dtype), and autocast casts each weight
 to 16 bits the first time a matmul uses it, caching the copy until the forward pass ends; the
 linear layers save those copies for their backward, so they live through the whole step: 2
-bytes per matmul parameter. fp16 adds a GradScaler: one scale and one found-inf flag (bytes,
-not per parameter; it unscales the fp32 gradients in place).
+bytes per matmul parameter, counted here on every parameter (an upper bound by the norms'
+weights and, with untied embeddings, the input table, which autocast leaves in fp32). fp16
+adds a GradScaler: one scale and one found-inf flag (bytes, not per parameter; it unscales
+the fp32 gradients in place).
 
 fp8 follows torchao's float8 training (torchao/float8/float8_linear.py,
 `matmul_with_hp_or_float8_args`), the assumptions stated:
