@@ -62,6 +62,13 @@ def section(
         act[mode] = q(act_bytes[mode], "B", layer.formula(mode, sizes.residual))
         rebuilt = "" if mode == "none" else f" + one layer rebuilt (none − {mode})"
         back[mode] = q(back_bytes[mode], "B", "4·s·b·V" + rebuilt)
+    # The same layer in every precision, beside the chosen one: what switching would save.
+    by_precision = {
+        p.value: memory.activation_bytes_per_layer(
+            T, b, d, H, "none", **{**kw, "sizes": SPECS[p].activations}
+        )
+        for p in Precision
+    }
     e = sizes.linear_input
     out = memory.output_layer_activation_bytes(T, b, d, V, bytes_per_element=e)
     usable = memory.usable_bytes(memory_gib)
@@ -90,6 +97,7 @@ def section(
         },
         model_states=states,
         activations_per_layer=act,
+        activations_by_precision=by_precision,
         activation_note=f"{sizes.element}-byte activations, {sizes.residual}-byte residual"
         + (", a cast per projection" if sizes.input_cast_per_projection else "")
         + (", dropout masks (the paper's)" if dropout else ", no dropout (Kitchen's blocks)")

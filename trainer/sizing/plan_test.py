@@ -59,6 +59,12 @@ def test_memory_and_fits(capsys):
     # No dropout (Kitchen's blocks): + the 2-byte softmax output, a·s² per sequence.
     assert p["activations_per_layer"]["none"]["value"] == 4096 * 4096 * (BF16_PER_SBH + 2 * 32)
     assert p["activations_per_layer"]["full"]["value"] == 4 * 4096 * 4096  # fp32 residual
+    by_precision = p["activations_by_precision"]
+    assert list(by_precision) == ["fp32", "bf16", "fp16", "fp8"]
+    assert by_precision["bf16"] == p["activations_per_layer"]["none"]["value"]
+    # fp32: every element 4 bytes, one input kept per projection group: 4·(2 + 2 + 4 + 8.0625).
+    fp32_per_sbh = 4 * (2 + 2 + 4 + 3 * 11008 / 4096)
+    assert by_precision["fp32"] == 4096 * 4096 * (fp32_per_sbh + 4 * 32)
     # 121 GB of model states alone overflow an 80 GiB GPU under DDP; ZeRO-3 with full
     # recomputation leaves room.
     assert not any(cell["fits"] for cell in p["fits"]["ddp"].values())

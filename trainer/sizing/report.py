@@ -85,6 +85,7 @@ class MemorySection:
     bytes_per_param: dict[str, float]  # weights, gradients, optimizer, master, total
     model_states: dict[str, ModelStates]  # by sharding: ddp, zero1, zero2, zero3
     activations_per_layer: dict[str, Quantity]  # by recompute mode: none, selective, full
+    activations_by_precision: dict[str, float]  # recompute none, bytes per layer, by precision
     activation_note: str
     output_layer: Quantity
     backward_transient: dict[str, Quantity]  # by recompute mode
@@ -225,6 +226,10 @@ def render(plan: Plan) -> str:
     lines.append(f"  {mem.activation_note}:")
     for mode, item in mem.activations_per_layer.items():
         row(f"  recompute {mode}", item)
+    by_precision = ", ".join(
+        f"{name} {fmt(q(v, 'B', ''))}" for name, v in mem.activations_by_precision.items()
+    )
+    lines.append(f"    recompute none by precision: {by_precision}")
     row("  output layer + loss", mem.output_layer)
     lines.append("  backward working set (built while the backward pass runs):")
     for mode, item in mem.backward_transient.items():
