@@ -1,6 +1,7 @@
+import pytest
 import torch
 
-from trainer.grad_noise import GradientNoiseScale
+from trainer.grad_noise import GradientNoiseScale, MicroBatchGradNorm
 
 
 def test_recovers_the_noise_scale_of_a_known_gradient_distribution():
@@ -28,3 +29,29 @@ def test_unknown_until_measured_and_ignores_degenerate_batches():
     copy = GradientNoiseScale()
     copy.load_state_dict(noise.state_dict())
     assert copy.value == noise.value == 20.0
+
+
+@pytest.mark.parametrize("recompute", ["NONE", "FULL"])
+def test_micro_batch_norm_is_the_norm_of_the_gradient_backward_computes(recompute):
+    """The hooks' sum equals |p.grad|² after one backward pass from zero gradients, with tied
+    embeddings (one parameter used twice) and with the blocks recomputed in backward."""
+    from protos import trainer_config_pb2
+    from protos.validation import resolve_trainer
+    from trainer.model import Transformer
+    from trainer.sizing.tiny_batch import tiny_batch
+
+    torch.manual_seed(0)
+    cfg = resolve_trainer(trainer_config_pb2.TrainerConfig())
+    cfg.model.n_layers, cfg.data.seq_len, cfg.train.micro_batch = 2, 32, 2
+    assert cfg.model.tie_embeddings
+    model = Transformer(cfg.model, cfg.data.vocab_size, recompute=recompute)
+    ids, position_ids, layout, labels = tiny_batch(cfg)
+    loss = model(ids, position_ids, layout, labels=labels)
+    probe = MicroBatchGradNorm(loss)
+    loss.backward()
+    measured = probe.close()
+    expected = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters())
+    assert measured == pytest.approx(expected, rel=1e-7)
+    # Closed: a second backward pass adds nothing to it.
+    model(ids, position_ids, layout, labels=labels).backward()
+    assert probe.close() == measured

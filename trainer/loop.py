@@ -22,7 +22,7 @@ from protos.enums import enum_name
 from trainer import checkpoint, distributed, evaluate, expert_parallel, moe
 from trainer.config import train_dtype
 from trainer.distributed import DistEnv
-from trainer.grad_noise import GradientNoiseScale
+from trainer.grad_noise import GradientNoiseScale, MicroBatchGradNorm
 from trainer.health.monitor import HealthMonitor
 from trainer.loss_guard import LossGuard, Verdict
 from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_start_time
@@ -271,10 +271,6 @@ class Trainer:
     def _micro_batches(self) -> list[dict]:
         return [next(self.loader) for _ in range(self.cfg.train.grad_accum)]
 
-    def _grad_sq_norm(self) -> float:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        return float(sum(n.double() ** 2 for n in torch._foreach_norm(grads)))
-
     def train_step(self, batches: list[dict], n_tokens: float) -> tuple[float, float]:
         """Forward/backward every micro-batch, then clip; returns (mean loss, grad norm).
         `n_tokens`: labelled tokens in the global batch (all micro-batches, all ranks)."""
@@ -288,9 +284,9 @@ class Trainer:
             dtype=self.dtype,
             enabled=self.dtype != torch.float32 and self.parallelism != "FSDP",
         )
-        # Per-micro-batch gradient norms feed the noise scale; FSDP keeps unsynced gradients
-        # out of reach, and one micro-batch on one rank has no smaller batch to compare with.
-        measure_noise = accum > 1 and self.parallelism != "FSDP"
+        # Per-micro-batch gradient norms feed the noise scale (grad_noise.py, under DDP and
+        # FSDP alike); one micro-batch on one rank has no smaller batch to compare with.
+        measure_noise = accum > 1
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         small = torch.zeros(2, device=self.device, dtype=torch.float64)
         for k, b in enumerate(batches):
@@ -298,14 +294,15 @@ class Trainer:
             b = {key: v.to(self.device, non_blocking=True) for key, v in b.items()}
             with distributed.gradient_sync(self.model, k == accum - 1), autocast:
                 loss = self.model(b["input_ids"], b["position_ids"], layout, b["labels"])
+            probe = MicroBatchGradNorm(loss) if k == 0 and measure_noise else None
             self.scaler.scale(loss * (world / n_tokens)).backward()
             loss_sum += loss.detach()
-            if k == 0 and measure_noise:
+            if probe is not None:
                 n_small = float((b["labels"] != -100).sum())
                 # The accumulated gradient is sum-loss * world / n_tokens: rescale to a mean.
                 scale = n_tokens / (world * max(n_small, 1.0))
                 # Under fp16 the gradients are still multiplied by the loss scale here.
-                small[0] = self._grad_sq_norm() * (scale / self.scaler.get_scale()) ** 2
+                small[0] = probe.close() * (scale / self.scaler.get_scale()) ** 2
                 small[1] = n_small
         totals = distributed.all_reduce_sum(torch.cat([loss_sum.view(1), small]))
         clip = self.cfg.optim.grad_clip or math.inf

@@ -14,23 +14,21 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 from typing import Any
 
 from protos.defaults import SECTIONS, ffn_dim_for
-from trainer.sizing import batch, flops, memory
+from trainer.sizing import batch, flops, memory, plan_memory, plan_moe, plan_vision
 from trainer.sizing import moe as moe_sizing
 from trainer.sizing.accelerators import ACCELERATORS, match_accelerator
-from trainer.sizing.params import llama_param_count, vision_matmul_params
+from trainer.sizing.params import llama_param_count
+from trainer.sizing.plan_flags import PlanError, count
+from trainer.sizing.precision import SPECS, Precision, default_precision, from_config_dtype
 from trainer.sizing.report import (
     BatchSection,
     ComputeSection,
     CriticalBatchPrior,
-    Fit,
-    MemorySection,
     ModelSection,
-    ModelStates,
     Plan,
     Shape,
     TimeSection,
@@ -44,22 +42,6 @@ PRESETS = {  # public shapes, so that a plan for a known model needs no shape fl
     "llama3-8b": dict(layers=32, dim=4096, heads=32, kv_heads=8, ffn_dim=14336, vocab=128256),
     "llama3-70b": dict(layers=80, dim=8192, heads=64, kv_heads=8, ffn_dim=28672, vocab=128256),
 }
-_SUFFIX = {"K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-
-
-class PlanError(ValueError):
-    """Bad flags; the message starts with the flag's name."""
-
-
-def count(text: str) -> float:
-    """A positive count such as 7e9, 7B, 300M, 1.5T, 4096."""
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([KMBGT]?)\s*", text, re.IGNORECASE)
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a count (e.g. 7e9, 7B, 300M, 1.5T)")
-    value = float(m.group(1)) * _SUFFIX.get(m.group(2).upper(), 1.0)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,7 +86,16 @@ def build_parser() -> argparse.ArgumentParser:
     h.add_argument("--peak-tflops", type=float, help="peak for an accelerator not in the table")
     h.add_argument("--memory-gib", type=float, help="memory for an accelerator not in the table")
     h.add_argument(
-        "--dtype", choices=["bf16", "fp32"], help="training precision (bf16; fp32 on cpu)"
+        "--dtype",
+        choices=[p.value for p in Precision],
+        help="training precision: fp32; bf16 or fp16 autocast (fp32 master weights; fp16 "
+        "loss-scaled); fp8 (torchao float8 matmuls) (default: --config's train.dtype, else "
+        "bf16; fp32 on cpu; trainer/sizing/precision.py)",
+    )
+    h.add_argument(
+        "--config",
+        help="a job YAML (launcher/submit's): its trainer.train.dtype is the precision "
+        "unless --dtype is given",
     )
     h.add_argument(
         "--attention",
@@ -117,21 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="count dropout masks, as Korthikanti et al. do (Kitchen's model has no dropout)",
     )
-    e = p.add_argument_group("mixture of experts (trainer/sizing/moe.py)")
-    e.add_argument("--experts", type=int, help="routed experts per MoE layer (dense if unset)")
-    e.add_argument("--top-k", type=int, default=2, help="routed experts per token (2)")
-    e.add_argument("--shared-experts", type=int, default=0, help="always-on experts (0)")
-    e.add_argument("--expert-ffn-dim", type=int, help="one expert's width (default: --ffn-dim)")
-    e.add_argument("--moe-every", type=int, default=1, help="every k-th layer is MoE (1)")
-    e.add_argument("--expert-parallel", type=int, default=1, help="ranks sharing experts (1)")
-
-    v = p.add_argument_group("vision (#16: a VLM, one image at the start of every sequence)")
-    v.add_argument("--image-size", type=int, help="pixels, square (sets a VLM plan)")
-    v.add_argument("--patch-size", type=int, default=16, help="ViT patch (16)")
-    v.add_argument("--vision-dim", type=int, default=768, help="encoder width (768)")
-    v.add_argument("--vision-layers", type=int, default=12, help="encoder layers (12)")
-    v.add_argument("--vision-heads", type=int, default=12, help="encoder heads (12)")
-    v.add_argument("--pixel-shuffle", type=int, default=1, help="image tokens cut by its square")
+    plan_moe.add_flags(p)
+    plan_vision.add_flags(p)
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     p.add_argument(
         "--layouts",
@@ -160,6 +138,7 @@ def layout_costs(plan: Plan, a: argparse.Namespace):
         peak_flops=float(plan.time.peak_flops_per_gpu.value or 0),
         mfu=a.mfu,
         memory_gib=float(plan.memory.device_memory.value or 0) / GIB,
+        precision=Precision(a.dtype),
     )
     return (costs, *recommend.recommend(costs))
 
@@ -191,7 +170,7 @@ def _shape(a: argparse.Namespace) -> Shape:
 def _hardware(a: argparse.Namespace) -> tuple[str, float, str, float]:
     """(name, peak FLOP/s, basis, memory GiB) of one accelerator."""
     if a.gpu.lower() == "cpu":
-        peak, basis = flops.peak_flops_per_second("cpu", a.dtype)
+        peak, basis = flops.peak_flops_per_second("cpu", _peak_dtype(a))
         ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
         name, mem = "cpu", ram
     else:
@@ -227,12 +206,12 @@ def make_plan(a: argparse.Namespace) -> Plan:
         hint = f" (did you mean {a.mfu / 100:g}?)" if 1 < a.mfu <= 100 else ""
         raise PlanError(f"--mfu: {a.mfu:g} is not a fraction in (0, 1]{hint}")
     on_cpu = a.gpu.lower() == "cpu"
-    a.dtype = a.dtype or ("fp32" if on_cpu else "bf16")
+    a.dtype = a.dtype or _config_precision(a.config, on_cuda=not on_cpu).value
     a.attention = a.attention or ("materialized" if on_cpu else "flash")
     s = _shape(a)
     L, d, H, V, T, Q = s.layers, s.dim, s.heads, s.vocab, a.seq_len, s.head_dim
     pc = llama_param_count(d, L, H, s.kv_heads, s.ffn_dim, V, s.tie_embeddings)
-    experts = _experts(a, s)  # None for a dense model
+    experts = plan_moe.experts(a, s)  # None for a dense model
     total = int(a.params) if a.params else (experts.total if experts else pc.total)
     n = total - (0 if s.tie_embeddings else V * d) - d if a.params else pc.non_embedding
     if experts and not a.params:
@@ -264,7 +243,7 @@ def make_plan(a: argparse.Namespace) -> Plan:
     attn = flops.flops_per_token(0, L, H, Q, T)  # the attention term alone
     fpt_formula = "6·N + 12·L·H·Q·T (PaLM app. B; forward + backward)"
     if a.image_size:  # #16: the encoder's FLOPs spread over the sequence the image starts
-        fpt = _vlm_flops_per_row(a, d, fpt, T) / T
+        fpt = plan_vision.flops_per_row(a, d, fpt, T) / T
         fpt_formula += " + vision FLOPs per image / T (flops.vision_flops_per_image)"
     compute = ComputeSection(
         tokens=q(tokens, "tokens", tokens_basis),
@@ -278,7 +257,7 @@ def make_plan(a: argparse.Namespace) -> Plan:
     seconds = fpt * tokens / cluster
     time = TimeSection(
         accelerator=gpu,
-        peak_flops_per_gpu=q(peak, "FLOP/s", f"{a.dtype} dense peak, basis {basis}"),
+        peak_flops_per_gpu=q(peak, "FLOP/s", f"{_peak_dtype(a)} dense peak, basis {basis}"),
         mfu=q(a.mfu, "fraction", "assumed (--mfu)"),
         cluster_flops=q(cluster, "FLOP/s", "GPUs used (≤ micro batches per step) × peak × MFU"),
         tokens_per_second=q(cluster / fpt, "tokens/s", "cluster FLOP/s / FLOPs per token"),
@@ -292,161 +271,41 @@ def make_plan(a: argparse.Namespace) -> Plan:
         model=model,
         compute=compute,
         time=time,
-        memory=_memory(a, s, held, mem_gib),
+        memory=plan_memory.section(
+            s,
+            Precision(a.dtype),
+            held_params=held,
+            ranks=_data_ranks(a, T),
+            seq_len=T,
+            micro_batch=a.micro_batch,
+            attention=a.attention,
+            dropout=a.dropout,
+            memory_gib=mem_gib,
+        ),
         batch=batch_section,
-        moe=_moe_section(a, s, experts, batch_section),
+        moe=plan_moe.section(
+            a, s, experts, batch_section, SPECS[Precision(a.dtype)].activations.element
+        ),
     )
 
 
-def _moe_spec(a: argparse.Namespace, s: Shape) -> moe_sizing.MoESpec | None:
-    if a.preset in moe_sizing.PRESETS and a.experts is None:
-        return moe_sizing.PRESETS[a.preset].spec
-    if a.experts is None:
-        return None
-    for flag in ("experts", "top_k", "moe_every", "expert_parallel"):
-        if getattr(a, flag) <= 0:
-            raise PlanError(f"--{flag.replace('_', '-')}: {getattr(a, flag)} must be positive")
-    if a.top_k > a.experts:
-        raise PlanError(f"--top-k: {a.top_k} is more than --experts {a.experts}")
-    if a.shared_experts < 0:
-        raise PlanError(f"--shared-experts: {a.shared_experts} must not be negative")
-    return moe_sizing.MoESpec(
-        a.experts, a.top_k, a.expert_ffn_dim or s.ffn_dim, a.shared_experts, a.moe_every
-    )
+def _peak_dtype(a: argparse.Namespace) -> str:
+    """The peak MFU is quoted against: fp32's, or the 16-bit dense peak (for fp8 too: MFU
+    stays comparable, and a float8 speed-up shows as MFU above the bf16 run's)."""
+    return "fp32" if a.dtype == "fp32" else "bf16"
 
 
-def _experts(a: argparse.Namespace, s: Shape) -> moe_sizing.MoEParamCount | None:
-    spec = _moe_spec(a, s)
-    if spec is None:
-        return None
-    if spec.experts % a.expert_parallel:
-        raise PlanError(f"--expert-parallel: {a.expert_parallel} does not divide {spec.experts}")
-    preset = moe_sizing.PRESETS.get(a.preset)
-    attention = preset.attention_per_layer if preset and a.experts is None else None
-    return moe_sizing.moe_param_count(
-        dim=s.dim,
-        n_layers=s.layers,
-        vocab=s.vocab,
-        tie_embeddings=s.tie_embeddings,
-        dense_ffn_dim=s.ffn_dim,
-        attention_per_layer=attention
-        or moe_sizing.gqa_attention_params(s.dim, s.heads, s.kv_heads),
-        spec=spec,
-    )
+def _config_precision(path: str | None, *, on_cuda: bool) -> Precision:
+    """The precision of a job YAML's trainer.train.dtype; the trainer's default without one."""
+    if path is None:
+        return default_precision(on_cuda)
+    from protos.config_yaml import ConfigError, load_job_spec
 
-
-def _moe_section(a, s: Shape, count, batch_section: BatchSection):
-    if count is None:
-        return None
-    spec = _moe_spec(a, s)
-    assert spec is not None
-    return moe_sizing.section(
-        count,
-        spec,
-        s.layers,
-        s.dim,
-        expert_parallel=a.expert_parallel,
-        bytes_per_element=2 if a.dtype == "bf16" else 4,
-        tokens_per_rank_per_step=batch_section.global_batch_tokens.value / a.gpus,
-        mfu=a.mfu,
-    )
-
-
-def _vlm_flops_per_row(a: argparse.Namespace, lm_dim: int, lm_fpt: float, T: int) -> float:
-    """#16: FLOPs of one VLM sequence of T positions, one image's tokens among them."""
-    grid = a.image_size // max(a.patch_size, 1)
-    if a.patch_size <= 0 or a.image_size % a.patch_size or grid % max(a.pixel_shuffle, 1):
-        raise PlanError(
-            f"--patch-size: {a.patch_size} must divide --image-size {a.image_size} into a grid "
-            f"that --pixel-shuffle {a.pixel_shuffle} divides"
-        )
-    if a.vision_heads <= 0 or a.vision_dim % a.vision_heads:
-        raise PlanError(f"--vision-heads: {a.vision_heads} does not divide {a.vision_dim}")
-    image_tokens = (grid // a.pixel_shuffle) ** 2
-    if image_tokens >= T:
-        raise PlanError(f"--seq-len: {T} leaves no room after {image_tokens} image tokens")
-    encoder, projector = vision_matmul_params(
-        a.image_size, a.patch_size, a.vision_dim, a.vision_layers, a.pixel_shuffle, lm_dim
-    )
-    vision = flops.vision_flops_per_image(
-        encoder,
-        a.vision_layers,
-        a.vision_heads,
-        a.vision_dim // a.vision_heads,
-        grid * grid,
-        projector,
-        image_tokens,
-    )
-    return flops.vlm_flops_per_row(vision, lm_fpt, T)
-
-
-def _memory(a: argparse.Namespace, s: Shape, total: float, mem_gib: float) -> MemorySection:
-    L, d, H, V, T, b = s.layers, s.dim, s.heads, s.vocab, a.seq_len, a.micro_batch
-    layout = "mixed" if a.dtype == "bf16" else "fp32"
-    w, g, o = memory.LAYOUTS[layout]
-    e = 2 if a.dtype == "bf16" else 4
-    states, state_bytes = {}, {}
-    for level, sharding in enumerate(memory.SHARDINGS):
-        st = memory.model_state_bytes(
-            total, layout=layout, sharding=sharding, world_size=_data_ranks(a, T)
-        )
-        state_bytes[sharding] = st.total
-        shard = ["", "/R"]
-        states[sharding] = ModelStates(
-            weights=q(st.weights, "B", f"{w}·N{shard[level >= 3]}"),
-            gradients=q(st.gradients, "B", f"{g}·N{shard[level >= 2]}"),
-            optimizer=q(st.optimizer, "B", f"{o}·N{shard[level >= 1]}"),
-            total=q(st.total, "B", "weights + gradients + optimizer"),
-        )
-    drop, flash = a.dropout, a.attention == "flash"
-    c, k = 16 * e + (2 if drop else 0), (2 * e + 1) if drop else e  # the paper's 34 and 5
-    per_layer_formula = {
-        "none": f"{c}·s·b·h (flash: no a·s² scores)" if flash else f"s·b·h·({c} + {k}·a·s/h)",
-        "selective": f"{c}·s·b·h",
-        "full": f"{e}·s·b·h",
-    }
-    sizes: dict[str, Any] = dict(bytes_per_element=e, dropout=drop, flash_attention=flash)
-    modes = memory.RECOMPUTE_MODES
-    act_bytes = {m: memory.activation_bytes_per_layer(T, b, d, H, m, **sizes) for m in modes}
-    back_bytes = {m: memory.backward_transient_bytes(T, b, d, H, V, m, **sizes) for m in modes}
-    act = {m: q(act_bytes[m], "B", formula) for m, formula in per_layer_formula.items()}
-    backward = {
-        m: q(n, "B", "4·s·b·V" + ("" if m == "none" else f" + one layer rebuilt (none − {m})"))
-        for m, n in back_bytes.items()
-    }
-    out = memory.output_layer_activation_bytes(T, b, d, V, bytes_per_element=e)
-    usable = memory.usable_bytes(mem_gib)
-    fits: dict[str, dict[str, Fit]] = {}
-    # ZeRO-3/FSDP gathers each layer's whole weights before it runs: the running layer's and
-    # the prefetched next one's are whole at once, in the weights' dtype.
-    layer_params = llama_param_count(d, L, H, s.kv_heads, s.ffn_dim, V, s.tie_embeddings).per_layer
-    gathered = {sharding: 0.0 for sharding in memory.SHARDINGS}
-    gathered["zero3"] = 2 * layer_params * w
-    for sharding in memory.SHARDINGS:
-        fits[sharding] = {}
-        for mode in modes:
-            peak = state_bytes[sharding] + L * act_bytes[mode] + out + back_bytes[mode]
-            peak += gathered[sharding]
-            fits[sharding][mode] = Fit(bytes=peak, fits=peak <= usable)
-    return MemorySection(
-        layout=layout,
-        layout_note={
-            "mixed": "bf16 weights + bf16 gradients + fp32 master copy, momentum, variance",
-            "fp32": "fp32 weights + fp32 gradients + fp32 momentum, variance (no master copy)",
-        }[layout],
-        model_states=states,
-        activations_per_layer=act,
-        activation_note=f"{e}-byte activations, "
-        + ("with dropout masks (the paper's case)" if drop else "no dropout (Kitchen's blocks)")
-        + f", {a.attention} attention",
-        output_layer=q(out, "B", f"2·s·b·h·{e} + 4·s·b·V (fp32 logits for the loss)"),
-        backward_transient=backward,
-        device_memory=q(mem_gib * GIB, "B", "accelerator table (or --memory-gib / RAM)"),
-        usable_memory=q(usable, "B", "90% (runtime, fragmentation, buffers)"),
-        fits=fits,
-        fits_formula="model states + L × activations per layer + output layer + backward"
-        " (+ ZeRO-3: 2 gathered layers)",
-    )
+    try:
+        dtype = load_job_spec(path).trainer.train.dtype
+        return from_config_dtype(dtype, on_cuda=on_cuda)
+    except (ConfigError, OSError, ValueError) as e:
+        raise PlanError(f"--config: {path}: {e}") from e
 
 
 def _global_batch(a: argparse.Namespace, T: int) -> int:

@@ -36,34 +36,96 @@ def test_llama2_7b_numbers_by_hand(capsys):
     assert 336 < seconds / 86400 < 338
 
 
+# Llama 2 7B per s·b·h in bf16 autocast (trainer/sizing/precision.py): 2 norm inputs of the
+# fp32 residual (8), 5 projections' 2-byte casts of their inputs (q, k, v, gate, up: 10),
+# q, k, v and the output projection's input (8), SwiGLU's gate, up and product, 3·11008/4096
+# = 8.0625 tensors (16.125).
+BF16_PER_SBH = 8 + 10 + 8 + 16.125
+
+
 def test_memory_and_fits(capsys):
     p = run_json(capsys, *LLAMA2_7B, *HARDWARE, "--attention", "materialized")["memory"]
     n = 6_738_415_616
-    assert p["layout"] == "mixed"
-    assert p["model_states"]["ddp"]["total"]["value"] == 16 * n
-    assert p["model_states"]["zero3"]["total"]["value"] == 2 * n  # 16·N / 8 GPUs
-    # No dropout (Kitchen's blocks), bf16: s·b·h·(32 + 2·a·s/h) = 4096·4096·(32 + 64).
-    assert p["activations_per_layer"]["none"]["value"] == 4096 * 4096 * 96
-    assert p["activations_per_layer"]["full"]["value"] == 2 * 4096 * 4096
-    # 107.8 GB of model states alone overflow an 80 GiB GPU under DDP; ZeRO-3 with full
+    assert p["precision"] == "bf16"
+    assert p["bytes_per_param"] == {
+        "weights": 2,
+        "gradients": 4,
+        "optimizer": 8,
+        "master": 4,
+        "total": 18,
+    }
+    assert p["model_states"]["ddp"]["total"]["value"] == 18 * n
+    assert p["model_states"]["zero3"]["total"]["value"] == 18 * n / 8
+    # No dropout (Kitchen's blocks): + the 2-byte softmax output, a·s² per sequence.
+    assert p["activations_per_layer"]["none"]["value"] == 4096 * 4096 * (BF16_PER_SBH + 2 * 32)
+    assert p["activations_per_layer"]["full"]["value"] == 4 * 4096 * 4096  # fp32 residual
+    by_precision = p["activations_by_precision"]
+    assert list(by_precision) == ["fp32", "bf16", "fp16", "fp8"]
+    assert by_precision["bf16"] == p["activations_per_layer"]["none"]["value"]
+    # fp32: every element 4 bytes, one input kept per projection group: 4·(2 + 2 + 4 + 8.0625).
+    fp32_per_sbh = 4 * (2 + 2 + 4 + 3 * 11008 / 4096)
+    assert by_precision["fp32"] == 4096 * 4096 * (fp32_per_sbh + 4 * 32)
+    # 121 GB of model states alone overflow an 80 GiB GPU under DDP; ZeRO-3 with full
     # recomputation leaves room.
     assert not any(cell["fits"] for cell in p["fits"]["ddp"].values())
     assert p["fits"]["zero3"]["full"]["fits"]
 
 
+@pytest.mark.parametrize(
+    "dtype, per_param, activation_bytes",
+    [("fp32", (4, 4, 8, 0), 4), ("fp16", (2, 4, 8, 4), 2), ("fp8", (1, 4, 8, 4), 2)],
+)
+def test_each_precision_keeps_its_bytes(capsys, dtype, per_param, activation_bytes):
+    args = [*LLAMA2_7B, *HARDWARE, "--dtype", dtype, "--peak-tflops", "400"]
+    p = run_json(capsys, *args)["memory"]
+    per = p["bytes_per_param"]
+    assert (per["weights"], per["gradients"], per["optimizer"], per["master"]) == per_param
+    ddp = p["model_states"]["ddp"]
+    assert ddp["master"]["value"] == per_param[3] * 6_738_415_616
+    assert p["activation_note"].startswith(f"{activation_bytes}-byte activations")
+
+
+def test_precision_comes_from_the_configs_train_dtype(capsys, tmp_path):
+    job = tmp_path / "job.yaml"
+    job.write_text("name: x\ntrainer:\n  train:\n    dtype: fp16\n")
+    p = run_json(capsys, *LLAMA2_7B, *HARDWARE, "--config", str(job))
+    assert p["memory"]["precision"] == "fp16"
+    # The flag wins over the config.
+    p = run_json(capsys, *LLAMA2_7B, *HARDWARE, "--config", str(job), "--dtype", "bf16")
+    assert p["memory"]["precision"] == "bf16"
+    job.write_text("name: x\ntrainer:\n  train:\n    dtype: fp12\n")
+    with pytest.raises(SystemExit):
+        plan.main([*LLAMA2_7B, "--config", str(job)])
+    assert "--config" in capsys.readouterr().err
+
+
 def test_flash_attention_stores_no_scores_by_default_on_a_gpu(capsys):
     p = run_json(capsys, *LLAMA2_7B, *HARDWARE)["memory"]
     act = p["activations_per_layer"]
-    assert act["none"]["value"] == act["selective"]["value"] == 32 * 4096 * 4096
+    assert act["none"]["value"] == act["selective"]["value"] == BF16_PER_SBH * 4096 * 4096
     assert p["backward_transient"]["none"]["value"] == 4 * 4096 * 32000  # the logits' gradient
 
 
-def test_dropout_flag_gives_the_papers_constants(capsys):
+def test_activation_line_follows_kv_heads_and_ffn_dim(capsys):
+    # The plan's own line uses the model's GQA and SwiGLU width (memory.layer_activations):
+    # 8 KV heads of 32 keep K and V at a quarter each, 2·(1 − 1/4)·2 bytes less per s·b·h;
+    # h more SwiGLU width adds a hidden-sized gate, up and product: 3·2 bytes per s·b·h.
+    def selective(*extra):
+        p = run_json(capsys, *LLAMA2_7B, *HARDWARE, *extra)["memory"]
+        return p["activations_per_layer"]["selective"]["value"]
+
+    sbh = 4096 * 4096
+    assert selective() - selective("--kv-heads", "8") == sbh * 2 * (1 - 8 / 32) * 2
+    assert selective("--ffn-dim", str(11008 + 4096)) - selective() == sbh * 3 * 2
+
+
+def test_dropout_flag_counts_masks_and_the_papers_score_bytes(capsys):
     args = [*LLAMA2_7B, *HARDWARE, "--dropout", "--attention", "materialized"]
     p = run_json(capsys, *args)["memory"]
-    assert p["activations_per_layer"]["none"]["formula"] == "s·b·h·(34 + 5·a·s/h)"
-    assert p["activations_per_layer"]["selective"]["formula"] == "34·s·b·h"
-    assert p["activations_per_layer"]["none"]["value"] == 4096 * 4096 * (34 + 5 * 32)
+    assert p["activations_per_layer"]["none"]["formula"].endswith("+ 5·a·s/h")
+    # Two 1-byte masks per s·b·h; per score the softmax and dropout outputs and the mask.
+    expected = 4096 * 4096 * (BF16_PER_SBH + 2 + 5 * 32)
+    assert p["activations_per_layer"]["none"]["value"] == expected
 
 
 def test_text_output_shows_values_units_and_formulas(capsys):
@@ -76,7 +138,8 @@ def test_text_output_shows_values_units_and_formulas(capsys):
         "basis table:H100-SXM",
         "337.1 days",
         "ZeRO-3/FSDP",
-        "32·s·b·h (flash: no a·s² scores)",
+        "42.12·s·b·h = norms 8 + inputs 10 + q,k,v,o 8 + MLP 16.1",
+        "weights 2, gradients 4, optimizer 8, master 4",
         "max useful DP degree",
         "McCandlish",
     ):
@@ -97,7 +160,7 @@ def test_cpu_peak_is_measured(capsys):
     p = run_json(capsys, *args, "--gpus", "1", "--seq-len", "64", "--tokens", "1M")
     assert p["time"]["peak_flops_per_gpu"]["formula"] == "fp32 dense peak, basis measured"
     assert p["time"]["peak_flops_per_gpu"]["value"] > 0
-    assert p["memory"]["layout"] == "fp32"
+    assert p["memory"]["precision"] == "fp32"
 
 
 def test_unknown_accelerator_with_given_peak_and_memory(capsys):

@@ -1,9 +1,10 @@
 """Which layout to train a model with on N GPUs: per-rank memory, bytes, bubble, a step time.
 
 For every layout the validation allows (comm.layouts), per rank:
-  memory  = model states (16 bytes per parameter it holds, ÷ the data x context ranks under
-            FSDP, plus FSDP's gathered layers: two layers' bf16 weights, the one running and the
-            one prefetched) + activations (memory.activation_bytes_per_layer with TP/SP split, s/c
+  memory  = model states (the precision's bytes per parameter it holds, precision.py, ÷ the
+            data x context ranks under FSDP, plus FSDP's gathered layers: two layers' bf16
+            weights, the one running and the one prefetched) + activations
+            (memory.activation_bytes_per_layer in the precision's sizes, TP/SP split, s/c
             tokens, × the micro-batches in flight at the first pipeline stage) + the head's logits;
   time    = compute / (1 − bubble) + TP and CP bytes at NVLink speed (on the critical path)
             + pipeline bytes at network speed + the part of the gradient traffic that the
@@ -16,11 +17,11 @@ import dataclasses
 
 from protos.layout import ParallelLayout, Schedule
 from trainer.sizing import comm, memory
+from trainer.sizing.precision import SPECS, Precision
 
 NVLINK_BYTES_S = 450e9  # per GPU per direction, H100/H200 NVLink 4 (900 GB/s both ways)
 NETWORK_BYTES_S = 50e9  # per GPU: one 400 Gb/s NIC each
 GPUS_PER_NODE = 8  # TP x CP groups stay on NVLink
-STATE_BYTES_PER_PARAM = 16  # fp32 weights + gradients + Adam (memory.LAYOUTS, either layout)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,7 @@ def cost(
     peak_flops: float,
     mfu: float,
     memory_gib: float,
+    precision: Precision = Precision.BF16,
 ) -> LayoutCost:
     """`global_batch` sequences per step, one per micro-batch per data-parallel rank;
     `step_flops`: the whole step's model FLOPs (6·N·tokens + attention)."""
@@ -54,7 +56,8 @@ def cost(
     step = comm.Step(seq_len=seq_len, micro_batch=1, micro_batches=m)
     sent = comm.comm_bytes(shape, step, lay)
     params = comm.rank_params(shape, lay)
-    states = params * STATE_BYTES_PER_PARAM / (lay.dp * lay.cp if lay.fsdp else 1)
+    spec = SPECS[precision]
+    states = params * spec.states.total / (lay.dp * lay.cp if lay.fsdp else 1)
     if lay.fsdp:
         states += 2 * 2 * (params - shape.vocab * shape.dim) / max(shape.layers / lay.pp, 1)
     per_layer = memory.activation_bytes_per_layer(
@@ -62,6 +65,7 @@ def cost(
         1,
         shape.dim,
         shape.heads,
+        sizes=spec.activations,
         dropout=False,
         flash_attention=True,
         kv_heads=shape.kv_heads,
@@ -72,7 +76,7 @@ def cost(
     in_flight = comm.in_flight_micro_batches(lay, m)
     activations = per_layer * shape.layers / lay.pp * in_flight
     activations += memory.output_layer_activation_bytes(
-        seq_len // lay.cp, 1, shape.dim, shape.vocab
+        seq_len // lay.cp, 1, shape.dim, shape.vocab, bytes_per_element=spec.activations.element
     )
     total = states + activations
     bubble = comm.bubble_fraction(lay, m)

@@ -68,6 +68,7 @@ class ModelStates:
     weights: Quantity
     gradients: Quantity
     optimizer: Quantity
+    master: Quantity  # an fp32 copy beside 16-bit (or float8) weights; 0 in fp32
     total: Quantity
 
 
@@ -79,10 +80,12 @@ class Fit:
 
 @dataclass(frozen=True)
 class MemorySection:
-    layout: str  # "mixed" or "fp32"
-    layout_note: str
+    precision: str  # trainer/sizing/precision.py's Precision value: fp32, bf16, fp16, fp8
+    precision_note: str
+    bytes_per_param: dict[str, float]  # weights, gradients, optimizer, master, total
     model_states: dict[str, ModelStates]  # by sharding: ddp, zero1, zero2, zero3
     activations_per_layer: dict[str, Quantity]  # by recompute mode: none, selective, full
+    activations_by_precision: dict[str, float]  # recompute none, bytes per layer, by precision
     activation_note: str
     output_layer: Quantity
     backward_transient: dict[str, Quantity]  # by recompute mode
@@ -199,13 +202,20 @@ def render(plan: Plan) -> str:
     row("wall clock", t.wall_clock)
     row("GPU-hours", t.gpu_hours)
 
-    section(f"MEMORY PER GPU: model states, {mem.layout} layout, 16 bytes/parameter")
+    per = mem.bytes_per_param
+    section(f"MEMORY PER GPU: model states, {mem.precision}, {per['total']:g} bytes/parameter")
     ranks = min(inputs["gpus"], int(plan.batch.max_data_parallel.value or inputs["gpus"]))
-    lines.append(f"  ({mem.layout_note}; R = {ranks} data-parallel ranks)")
+    lines.append(f"  ({mem.precision_note}; R = {ranks} data-parallel ranks)")
+    lines.append(
+        "  bytes per parameter: "
+        + ", ".join(f"{k} {v:g}" for k, v in per.items() if k != "total")
+        + " (trainer/sizing/precision.py)"
+    )
     # one space between columns: 1,234.56 GiB fills a column of 12
-    lines.append(f"  {'':<12}{' weights':>13}{' gradients':>13}{' optimizer':>13}{' total':>13}")
+    heads = ("weights", "gradients", "optimizer", "master", "total")
+    lines.append(f"  {'':<12}" + "".join(f"{' ' + h:>13}" for h in heads))
     for sharding, st in mem.model_states.items():
-        parts = (st.weights, st.gradients, st.optimizer)
+        parts = (st.weights, st.gradients, st.optimizer, st.master)
         cells = "".join(f" {fmt(x):>12}" for x in parts)
         formula = " + ".join(x.formula for x in parts)
         lines.append(f"  {SHARDING_LABELS[sharding]:<12}{cells} {fmt(st.total):>12}   {formula}")
@@ -216,6 +226,10 @@ def render(plan: Plan) -> str:
     lines.append(f"  {mem.activation_note}:")
     for mode, item in mem.activations_per_layer.items():
         row(f"  recompute {mode}", item)
+    by_precision = ", ".join(
+        f"{name} {fmt(q(v, 'B', ''))}" for name, v in mem.activations_by_precision.items()
+    )
+    lines.append(f"    recompute none by precision: {by_precision}")
     row("  output layer + loss", mem.output_layer)
     lines.append("  backward working set (built while the backward pass runs):")
     for mode, item in mem.backward_transient.items():
@@ -223,8 +237,8 @@ def render(plan: Plan) -> str:
     if inputs["attention"] == "flash":
         lines += [
             "    (flash attention recomputes the a·s² scores inside its backward: 'none' costs",
-            "     what 'selective' costs; --attention materialized --dropout gives the paper's",
-            "     s·b·h·(34 + 5·a·s/h))",
+            "     what 'selective' costs; memory.layer_activations' defaults, 2 bytes everywhere",
+            "     and a 4h GeLU MLP, give the paper's s·b·h·(34 + 5·a·s/h))",
         ]
     lines += [
         f"  what fits in {fmt(mem.usable_memory)}, {mem.usable_memory.formula} of "
