@@ -86,7 +86,7 @@ def test_torch_in_the_image_is_a_cuda_build_and_the_trainer_imports(tmp_path):
     proc = run_image(tmp_path, "--entrypoint", f"python3 -c '{PROBE}'")
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got["torch"] == "2.14.1" and got["cuda"] == "13.0", got  # torch.version.cuda is set
+    assert got["torch"] == "2.14.1+cu130" and got["cuda"] == "13.0", got  # a CUDA build
     assert got["cudnn"] and got["gpu"] is False, got  # cuDNN loads; no GPU on this machine
     help_text = run_image(tmp_path, "--", "--help")
     assert help_text.returncode == 0 and "--config" in help_text.stdout, help_text.stderr[-2000:]
