@@ -97,6 +97,10 @@ def scaled_mm(
     """(a / a_scale) @ (b / b_scale) in `out_dtype`, for float8 `a` (M, K) and `b` (K, N)."""
     if backend is Backend.EMULATED:
         return ((a.float() / a_scale) @ (b.float() / b_scale)).to(out_dtype)
+    short = -a.shape[1] % ALIGN
+    if short:  # the inner dim must be a multiple of 16 too: grad_w's is the token count
+        a = torch.cat([a, a.new_zeros(a.shape[0], short)], dim=1)  # zeros add nothing
+        b = torch.cat([b, b.new_zeros(short, b.shape[1])], dim=0)
     # cuBLASLt's fp8 matmul takes the left operand row-major and the right column-major.
     a = a if a.stride(1) == 1 else a.contiguous()
     b = b if b.stride(0) == 1 else b.t().contiguous().t()
