@@ -47,7 +47,7 @@ def _fp8_config():
     m = cfg.model
     m.dim, m.n_layers, m.n_heads, m.n_kv_heads = 4096, 4, 32, 8
     m.ffn_dim = 14336  # Llama-3-8B's MLP
-    cfg.train.micro_batch, cfg.train.steps, cfg.train.compile = 8, 60, True
+    cfg.train.micro_batch, cfg.train.steps, cfg.train.compile = 8, 40, True
     cfg.optim.lr, cfg.optim.warmup_steps = 1e-3, 10
     return cfg
 
