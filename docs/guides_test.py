@@ -73,6 +73,7 @@ GROUP = os.environ.get("GUIDE_GROUP", "path")
 # each is built and run by the test beside it.
 UNBUILT_TARGETS = {
     "//images:push_trainer": "the 600 MB trainer image; //images:push_images_test runs it",
+    "//images:push_trainer_cuda": "the 3.2 GB CUDA image (manual); image_bench.py pushes it",
 }
 JOB_TARGETS = ("//launcher:submit", "//trainer:train")
 COMMAND_TIMEOUT_S = 600

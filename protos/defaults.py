@@ -213,7 +213,12 @@ DTYPES: dict[str, str | None] = {
     "bfloat16": "bfloat16",
     "fp16": "float16",  # with dynamic loss scaling (trainer/loop.py)
     "float16": "float16",
+    # #20: fp8 linears (trainer/fp8.py) inside bf16 autocast: bf16 is the compute dtype.
+    "fp8": "bfloat16",
+    "float8": "bfloat16",
 }
+# train.dtype spellings that swap the blocks' Linear layers for float8 ones (CUDA 8.9+ only).
+FP8_DTYPES = frozenset({"fp8", "float8"})
 
 # A byte-level BPE starts from 256 byte tokens plus <|bos|>, <|eos|>, <|pad|>.
 BYTE_ALPHABET = 256

@@ -287,8 +287,9 @@ def validate_trainer(
     _check(
         t.dtype.lower() in defaults.DTYPES,
         "trainer.train.dtype",
-        f"{t.dtype!r} is not one of fp32, bf16, fp16 (or empty for automatic)",
+        f"{t.dtype!r} is not one of fp32, bf16, fp16, fp8 (or empty for automatic)",
     )
+    validate_fp8(cfg)
     _check(
         not (
             defaults.DTYPES.get(t.dtype.lower()) == "float16"
@@ -313,6 +314,33 @@ def validate_trainer(
         )
     validate_moe(cfg, world_size)
     validate_layout(cfg, world_size)
+
+
+def validate_fp8(cfg: trainer_config_pb2.TrainerConfig) -> None:
+    """fp8 (trainer/fp8.py) composes with SINGLE and DDP on one device type; the device itself
+    (fp8 matmuls: CUDA 8.9+) is checked by the trainer, which knows it."""
+    t = cfg.train
+    if t.dtype.lower() not in defaults.FP8_DTYPES:
+        return
+    where = "trainer.train.dtype"
+    lay = layout.from_train(t, 1)
+    _check(
+        not lay.model_parallel,
+        where,
+        f"fp8 is not combined with tensor/pipeline/context parallel ({lay.describe()}): its "
+        "float8 linears take plain tensors, not sharded DTensor weights; use bf16",
+    )
+    _check(
+        t.parallelism not in (trainer_config_pb2.FSDP, trainer_config_pb2.EXPERT),
+        where,
+        f"fp8 runs with SINGLE or DDP, not {trainer_config_pb2.Parallelism.Name(t.parallelism)} "
+        "(FSDP's and expert parallelism's fp8 paths are not built or measured): use bf16",
+    )
+    _check(
+        cfg.model.dim % 16 == 0,
+        "trainer.model.dim",
+        f"{cfg.model.dim} is not a multiple of 16, which fp8 matmuls need (train.dtype fp8)",
+    )
 
 
 def validate_layout(cfg: trainer_config_pb2.TrainerConfig, world_size: int) -> None:

@@ -56,7 +56,7 @@ def test_a_minimal_spec_resolves_with_defaults():
         ({"trainer__optim__lr": -1.0}, "trainer.optim.lr: -1 is not in (0, 10]"),
         ({"trainer__optim__lr": math.nan}, "trainer.optim.lr: nan is not a finite number"),
         ({"trainer__optim__beta2": 1.0}, "trainer.optim.beta2: 1 is not in [0, 1)"),
-        ({"trainer__train__dtype": "fp8"}, "trainer.train.dtype: 'fp8'"),
+        ({"trainer__train__dtype": "fp4"}, "trainer.train.dtype: 'fp4'"),
         ({"trainer__train__micro_batch": 0}, "trainer.train.micro_batch"),
         ({"trainer__train__steps": 2**31 - 1}, "trainer.train.steps"),
         ({"trainer__train__spike_factor": 0.5}, "trainer.train.spike_factor"),
@@ -350,3 +350,27 @@ def test_a_layout_that_fits_resolves():
         )
     )
     assert cfg.train.pipeline_virtual_stages == 2
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (
+            {"train__tensor_parallel": 2},
+            "trainer.train.dtype: fp8 is not combined with tensor/pipeline/context parallel",
+        ),
+        (
+            {"train__parallelism": trainer_config_pb2.FSDP},
+            "trainer.train.dtype: fp8 runs with SINGLE or DDP, not FSDP",
+        ),
+        ({"model__dim": 72, "model__n_heads": 4, "model__n_kv_heads": 4}, "trainer.model.dim: 72"),
+    ],
+)
+def test_fp8_refuses_what_it_cannot_compose_with(fields, message):
+    """#20: fp8's float8 linears (trainer/fp8.py); the device is checked by the trainer."""
+    assert message in error(layout_spec(train__dtype="fp8", **fields))
+
+
+def test_fp8_resolves_with_ddp():
+    cfg = validate_job_spec(layout_spec(train__dtype="FP8"))
+    assert cfg.train.dtype == "FP8" and cfg.train.parallelism == trainer_config_pb2.DDP

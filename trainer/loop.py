@@ -19,7 +19,7 @@ import torch
 
 from protos import job_pb2, layout, trainer_config_pb2
 from protos.enums import enum_name
-from trainer import checkpoint, distributed, evaluate, expert_parallel, moe
+from trainer import checkpoint, distributed, evaluate, expert_parallel, fp8, moe
 from trainer.config import train_dtype
 from trainer.distributed import DistEnv
 from trainer.grad_noise import GradientNoiseScale, MicroBatchGradNorm
@@ -102,6 +102,9 @@ class Trainer:
             self.parallelism = "SINGLE"
         self.vocab_size = vocab_size
         model = build_model(cfg, vocab_size, self.device, enum_name(t, "recompute"))
+        if fp8.enabled(cfg):  # #20: the blocks' Linear layers in float8 (CUDA 8.9+ only)
+            swapped = fp8.convert(model, fp8.backend_for(self.device))
+            log(f"fp8: {len(swapped)} Linear layers compute in float8 (tensorwise scaling)")
         self.flops_per_token = flops.flops_per_token(
             model.matmul_params(),
             cfg.model.n_layers,

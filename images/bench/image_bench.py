@@ -1,6 +1,8 @@
 """Image build and push benchmark: cold builds, one-line-change rebuilds, bytes pushed.
 
     python3 images/bench/image_bench.py [--out images/bench/results.md]
+    python3 images/bench/image_bench.py --images trainer_cuda --skip-cold \
+        --out images/bench/results_cuda.md      # the CUDA image: phases 2 and 3 only
 
 Works on a fresh clone of the committed HEAD in a temporary directory, each phase with its own
 Bazel output base, so nothing of this checkout's caches leaks into a "cold" figure:
@@ -13,7 +15,9 @@ Bazel output base, so nothing of this checkout's caches leaks into a "cold" figu
   3. a one-line change to trainer/main.py (launcher/server.py): rebuild time, which layers
      changed, and what `bazel run //images:push_* -- --registry` then uploads to a real
      registry (docker-registry on 127.0.0.1) that holds the previous image.
-Prints a Markdown report and writes it (with the machine and date) to --out.
+Prints a Markdown report and writes it (with the machine and date) to --out. `--skip-cold`
+leaves out phase 1 (for the CUDA image, a cold build would reinstall and recompress 3 GB of
+NVIDIA wheels into a second per-user cache).
 """
 
 import argparse
@@ -36,7 +40,11 @@ from tools.oci import layout as oci  # noqa: E402
 from tools.oci import testing  # noqa: E402
 from tools.oci.push import human_bytes  # noqa: E402
 
-IMAGES = {"trainer": "trainer/main.py", "launcher": "launcher/server.py"}
+IMAGES = {
+    "trainer": "trainer/main.py",
+    "launcher": "launcher/server.py",
+    "trainer_cuda": "trainer/main.py",
+}
 ONE_LINE = "# image bench: a one-line app change\n"
 
 
@@ -106,6 +114,10 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(REPO / "images" / "bench" / "results.md"))
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    parser.add_argument(
+        "--images", nargs="+", choices=sorted(IMAGES), default=["trainer", "launcher"]
+    )
+    parser.add_argument("--skip-cold", action="store_true", help="no cold builds (phase 1)")
     args = parser.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="kitchen-image-bench-"))
@@ -117,7 +129,7 @@ def main() -> None:
     rows, notes = [], []
 
     cold = {}
-    for image in IMAGES:
+    for image in [] if args.skip_cold else args.images:
         ws = Workspace(clone, tmp / f"ob-cold-{image}", fresh_cache(tmp / f"cache-{image}"))
         seconds, _ = ws.bazel("build", f"//images:{image}")
         cold[image] = ws.image(image)
@@ -128,10 +140,12 @@ def main() -> None:
         ws.shutdown()
 
     warm = Workspace(clone, tmp / "ob-warm", None)  # this user's real image cache
-    for image in IMAGES:
+    for image in args.images:
         seconds, _ = warm.bazel("build", f"//images:{image}")
         rows.append((f"new output base, warm user cache //images:{image}", f"{seconds:.1f} s", ""))
         print(rows[-1], flush=True)
+        if image not in cold:
+            continue
         same = warm.image(image)[0] == cold[image][0]
         notes.append(
             f"{image}: independent cold rebuild digest {cold[image][0]} "
@@ -140,7 +154,8 @@ def main() -> None:
         print(notes[-1], flush=True)
 
     with testing.local_registry(tmp / "registry") as registry:
-        for image, app_file in IMAGES.items():
+        for image in args.images:
+            app_file = IMAGES[image]
             report = tmp / f"push-{image}.json"
             push_args = [
                 "run",
@@ -194,7 +209,7 @@ def main() -> None:
         f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M UTC}",
         f"- machine: {machine()} (shared with other jobs while measured)",
         f"- commit: {commit}",
-        "- command: `python3 images/bench/image_bench.py`",
+        f"- command: `{' '.join(['python3 images/bench/image_bench.py', *sys.argv[1:]])}`",
         "",
         "| what | time | bytes |",
         "|---|---|---|",

@@ -2,7 +2,8 @@
 
     tools/gpu/verify.sh [--out DIR] [--tiny]       # the wrapper sets up Python, then runs this
 
-Steps, each a subprocess with its own time limit (8 minutes in all on a GPU):
+Steps, each a subprocess with its own time limit (8 minutes in all on a GPU for steps 1-4,
+and 2.5 more for fp8, which only GPUs of capability 8.9+ run):
   1. kernel tests   every op's test file, compiled Triton on CUDA (fp32, fp16 and bf16 cases);
   2. kernel bench   each op vs eager and torch.compile at Llama-3-8B shapes in bf16, with the
                     goal lines (fwd+bwd at or below both; fused linear cross entropy peak
@@ -10,7 +11,9 @@ Steps, each a subprocess with its own time limit (8 minutes in all on a GPU):
   3. trainer bench  MFU of a ~1B model on packed rows at 4K and 8K, kernels on and off,
                     torch.compile on, bf16, fused AdamW (goal: >= 50% on one H200);
   4. precision      a bf16 run's loss tracks the fp32 run's; the variable-length attention
-                    path equals the masked one.
+                    path equals the masked one;
+  5. fp8            train.dtype fp8 against bf16 (a dim-4096 model, compiled): the loss tracks
+                    and a step is no slower (skipped where there are no fp8 matmuls).
 Every goal becomes one row of DIR/verify.md and DIR/verify.csv (with the device, versions, date
 and commit) and one printed verdict line: "met", "MISS", "FAILED" (the step itself broke) or
 "skipped: why". Nothing is hidden: a step that breaks or times out is a FAILED row with the
@@ -170,19 +173,26 @@ def judge_trainer_bench(r: Result) -> list[Row]:
     return rows
 
 
+def _checks(step: str, path: Path) -> list[Row]:
+    """Rows from a checks JSON (trainer/bench/precision_checks.py's Check records)."""
+    checks = json.loads(path.read_text())
+    return [Row(step, c["name"] + ": " + c["goal"], c["measured"], c["verdict"]) for c in checks]
+
+
 def judge_precision(r: Result) -> list[Row]:
-    checks = json.loads((r.out / "precision.json").read_text())
-    return [
-        Row("precision", c["name"] + ": " + c["goal"], c["measured"], c["verdict"]) for c in checks
-    ]
+    return _checks("precision", r.out / "precision.json")
+
+
+def judge_fp8(r: Result) -> list[Row]:
+    return _checks("fp8", r.out / "fp8.json")
 
 
 # ---------------------------------------------------------------- the plan
 
 
 def steps(out: Path, tiny: bool, cache_dir: str) -> list[Step]:
-    """The plan. On a GPU the limits add up to 8 minutes; a tiny CPU run gets 5 times each
-    (Triton's interpreter, and a CI machine shared with other tests)."""
+    """The plan. On a GPU the limits add up to 8 minutes (10.5 with fp8); a tiny CPU run gets
+    5 times each (Triton's interpreter, and a CI machine shared with other tests)."""
     py = sys.executable
 
     def limit(gpu_seconds: int) -> int:
@@ -271,6 +281,19 @@ def steps(out: Path, tiny: bool, cache_dir: str) -> list[Step]:
             ],
             limit(60),
             judge_precision,
+        ),
+        Step(  # skipped at once where there are no fp8 matmuls (the tiny CPU mode)
+            "fp8",
+            [
+                py,
+                "trainer/bench/fp8_checks.py",
+                "--json",
+                str(out / "fp8.json"),
+                "--cache-dir",
+                cache_dir,
+            ],
+            limit(150),
+            judge_fp8,
         ),
     ]
 

@@ -26,6 +26,7 @@ def test_tiny_mode_runs_every_step(tmp_path):
         "kernel bench",
         "trainer bench",
         "precision",
+        "fp8",
     }
     assert all(r["verdict"] == "met" or r["verdict"].startswith("skipped:") for r in rows), rows
     assert all(r["device"] == "cpu" and r["torch"] and r["date"] for r in rows)
@@ -34,6 +35,9 @@ def test_tiny_mode_runs_every_step(tmp_path):
     md = (out / "verify.md").read_text()
     assert md.count("\n| ") == len(rows) + 1  # the header row and one row per goal
     assert "bf16 loss tracks fp32" in md and "varlen" in md
+    fp8_rows = [r for r in rows if r["step"] == "fp8"]  # no fp8 matmuls here: said, not faked
+    assert len(fp8_rows) == 2, rows
+    assert all(r["verdict"] == "skipped: no fp8 matmul on cpu" for r in fp8_rows), fp8_rows
     assert (out / "verify.log").stat().st_size > 0
 
 

@@ -128,6 +128,21 @@ exports_files(glob(["*.packages.txt"]))
 
 {layers}"""
 
+def _lock_name(line):
+    """The normalized package name of one `name==version` lock line ("" for none)."""
+    name = line.split("#", 1)[0].strip().partition("==")[0].strip().lower()
+    return name.replace("_", "-").replace(".", "-")
+
+def _merged_lock(rctx):
+    """`lock` with `overrides` laid over it (same name: replaced; new: added), as a file."""
+    if not rctx.attr.overrides:
+        return rctx.path(rctx.attr.lock)
+    extra = [line.strip() for line in rctx.read(rctx.attr.overrides).splitlines() if _lock_name(line)]
+    replaced = {_lock_name(line): True for line in extra}
+    kept = [line for line in rctx.read(rctx.attr.lock).splitlines() if _lock_name(line) not in replaced]
+    rctx.file("merged.lock", "\n".join(kept + extra) + "\n")
+    return rctx.path("merged.lock")
+
 def _kitchen_python_layers_impl(rctx):
     # The toolchain venv's python: its pip knows this machine's wheel sources (e.g. the
     # CPU torch wheel) and it has `packaging` for evaluating requirement markers.
@@ -136,7 +151,7 @@ def _kitchen_python_layers_impl(rctx):
     names = rctx.attr.layers or [layer["name"] for layer in json.decode(rctx.read(spec))["layers"]]
     out = _run_helper(rctx, python, "python_layers.py", [
         "--lock",
-        rctx.path(rctx.attr.lock),
+        _merged_lock(rctx),
         "--spec",
         spec,
         "--only",
@@ -157,6 +172,10 @@ kitchen_python_layers = repository_rule(
         "lock": attr.label(allow_single_file = True, mandatory = True),
         "spec": attr.label(allow_single_file = [".json"], mandatory = True),
         "layers": attr.string_list(doc = "the spec's layers to build here (default: all)"),
+        "overrides": attr.label(
+            allow_single_file = True,
+            doc = "pins laid over `lock` (e.g. a CUDA torch and its NVIDIA libraries)",
+        ),
     },
     environ = ["KITCHEN_CACHE_DIR", "XDG_CACHE_HOME"],
 )

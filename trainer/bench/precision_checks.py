@@ -44,7 +44,7 @@ class Check:
     verdict: str  # "met", "MISS" or "skipped: why"
 
 
-def _config(tiny: bool) -> trainer_config_pb2.TrainerConfig:
+def run_config(tiny: bool) -> trainer_config_pb2.TrainerConfig:
     cfg = trainer_config_pb2.TrainerConfig()
     cfg.data.max_documents = 50 if tiny else 0  # tiny: the trainer bench's dataset, cached
     cfg.data.seq_len = 128 if tiny else 1024
@@ -59,6 +59,11 @@ def _config(tiny: bool) -> trainer_config_pb2.TrainerConfig:
 
 
 def _losses(cfg, ds, env, dtype: str) -> list[float]:
+    return [p.loss for p in train_records(cfg, ds, env, dtype)]
+
+
+def train_records(cfg, ds, env, dtype: str) -> list:
+    """The train-phase progress records of one run of `cfg` with `train.dtype` = `dtype`."""
     run = trainer_config_pb2.TrainerConfig()
     run.CopyFrom(cfg)
     run.train.dtype = dtype
@@ -76,11 +81,11 @@ def _losses(cfg, ds, env, dtype: str) -> list[float]:
         trainer.metrics.sinks.append(records.append)
         while trainer.step < run.train.steps:
             trainer.advance()
-    return [p.loss for p in records if p.phase == "train"]
+    return [p for p in records if p.phase == "train"]
 
 
 def bf16_tracks_fp32(tiny: bool, device: torch.device, cache_dir: str) -> Check:
-    cfg = _config(tiny)
+    cfg = run_config(tiny)
     ds = precook_dataset(cfg.data, cache_dir, show_progress=False)
     env = DistEnv(0, 1, 0, device)
     fp32, bf16 = _losses(cfg, ds, env, "float32"), _losses(cfg, ds, env, "bfloat16")
@@ -108,7 +113,7 @@ def varlen_matches_masked(tiny: bool, device: torch.device) -> Check:
     name = "varlen attention equals the masked path"
     if device.type != "cuda" or varlen_attn() is None:
         return Check(name, goal, "-", "skipped: needs CUDA and torch's varlen_attn")
-    cfg = _config(tiny).model
+    cfg = run_config(tiny).model
     torch.manual_seed(0)
     model = Transformer(cfg, 4096).to(device)  # the reference ops: attention is the subject
     B, T = 4, cfg.max_seq_len
