@@ -89,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--dtype",
         choices=[p.value for p in Precision],
         help="training precision: fp32; bf16 or fp16 autocast (fp32 master weights; fp16 "
-        "loss-scaled); fp8 (torchao float8 matmuls) (default: --config's train.dtype, else "
+        "loss-scaled); fp8 (float8 matmuls, trainer/fp8.py) (default: --config's train.dtype, else "
         "bf16; fp32 on cpu; trainer/sizing/precision.py)",
     )
     h.add_argument(

@@ -21,19 +21,17 @@ weights and, with untied embeddings, the input table, which autocast leaves in f
 adds a GradScaler: one scale and one found-inf flag (bytes, not per parameter; it unscales
 the fp32 gradients in place).
 
-fp8 follows torchao's float8 training (torchao/float8/float8_linear.py,
-`matmul_with_hp_or_float8_args`), the assumptions stated:
+fp8 is Kitchen's own float8 training (trainer/fp8.py, torchao's design on `torch._scaled_mm`):
   - weights: the fp32 parameters are the master copy; each Float8Linear casts its weight to
-    float8 per step with a dynamic (tensorwise) scale: 1 byte per matmul parameter, counted
-    for the whole model although torchao frees a layer's cast once its matmul ran (an upper
-    bound, like the autocast copies);
+    e4m3 per step with a dynamic (tensorwise) scale and saves that cast for backward: 1 byte
+    per matmul parameter, counted on every parameter (an upper bound by the output head and
+    the embedding, which stay bf16 under autocast);
   - gradients fp32 (the parameters' dtype), Adam fp32;
-  - activations: the model runs under bf16 autocast around the float8 matmuls, so the saved
-    activations are bf16; torchao's default float8 linear saves its *high-precision* input
-    (`ctx.save_for_backward(input_hp, weight_hp_t)`) and casts it again in backward, so a
-    linear's saved input is 2 bytes, not 1. Only its opt-in variant that keeps the float8
-    column-major input (`matmul_with_fp8_input_row_and_col_major`) saves 1 byte:
-    `LINEAR_INPUT_BYTES` below is the one place to change if Kitchen adopts it.
+  - activations: bf16 autocast stays on around the float8 matmuls, so norms and attention
+    save bf16; each swapped linear saves its *float8* input (`ctx.save_for_backward(x8, ...)`
+    in trainer/fp8.py), 1 byte per element. (torchao's default linear saves the bf16 input
+    instead and casts it again in backward: 2 bytes; `LINEAR_INPUT_BYTES_FP8` is the one
+    place to change if the trainer ever follows it.)
 
 Activations (`ActivationBytes`): under autocast the residual stream stays fp32 (a bf16 matmul
 output added to an fp32 residual promotes to fp32), so the norms' inputs are 4 bytes, and
@@ -85,7 +83,7 @@ class PrecisionSpec:
 
 
 ADAM_BYTES = 8  # fp32 momentum + variance
-LINEAR_INPUT_BYTES_FP8 = 2  # torchao saves the bf16 input (see the module doc)
+LINEAR_INPUT_BYTES_FP8 = 1  # trainer/fp8.py saves the e4m3 input (see the module doc)
 
 SPECS = {
     Precision.FP32: PrecisionSpec(
@@ -108,7 +106,7 @@ SPECS = {
     Precision.FP8: PrecisionSpec(
         StateBytesPerParam(1, 4, ADAM_BYTES, 4),
         ActivationBytes(2, 4, LINEAR_INPUT_BYTES_FP8, True),
-        "float8 casts (torchao) + fp32 gradients + fp32 momentum, variance"
+        "float8 casts (trainer/fp8.py) + fp32 gradients + fp32 momentum, variance"
         " + the fp32 parameters as master",
     ),
 }
@@ -125,14 +123,14 @@ def default_precision(on_cuda: bool) -> Precision:
 
 
 def from_config_dtype(name: str, *, on_cuda: bool) -> Precision:
-    """The precision a `train.dtype` spelling trains in, by name (protos/defaults.py DTYPES;
-    "" is automatic). A float8 spelling maps to FP8 whether or not DTYPES lists it yet."""
-    from protos.defaults import DTYPES
+    """The precision a `train.dtype` spelling trains in, by name (protos/defaults.py DTYPES and
+    FP8_DTYPES; "" is automatic)."""
+    from protos.defaults import DTYPES, FP8_DTYPES
 
     key = name.strip().lower()
     if not key:
         return default_precision(on_cuda)
-    if "8" in key and ("fp" in key or "float" in key):
+    if key in FP8_DTYPES:
         return Precision.FP8
     torch_name = DTYPES.get(key)
     by_torch = {
@@ -141,7 +139,5 @@ def from_config_dtype(name: str, *, on_cuda: bool) -> Precision:
         "float16": Precision.FP16,
     }
     if torch_name is None or torch_name not in by_torch:
-        raise ValueError(
-            f"train.dtype: {name!r} is not one of {sorted(k for k in DTYPES if k)} or fp8"
-        )
+        raise ValueError(f"train.dtype: {name!r} is not one of {sorted(k for k in DTYPES if k)}")
     return by_torch[torch_name]
