@@ -350,3 +350,15 @@ def test_a_layout_that_fits_resolves():
         )
     )
     assert cfg.train.pipeline_virtual_stages == 2
+
+
+def test_precook_tasks_are_for_a_precook_job_of_text():
+    assert "trainer.data.tasks: 4 tasks: only a PRECOOK job" in error(
+        spec_with(trainer__data__tasks=4)
+    )
+    precook = spec_with(kind=job_pb2.PRECOOK, trainer__data__tasks=4)
+    assert validate_job_spec(precook).data.tasks == 4
+    assert validate_job_spec(spec_with(kind=job_pb2.PRECOOK)).data.tasks == 1  # the default
+    assert error(spec_with(kind=job_pb2.PRECOOK, trainer__data__tasks=0)).startswith(
+        "trainer.data.tasks: 0 is not in"
+    )

@@ -4,12 +4,14 @@ the real trainer in every step: on a Slurm pool (a real one-node Slurm started h
 process's precook of the same config; a task that fails (a file in the way of its part) is
 retried alone by the job's retry policy, and the result is still identical."""
 
+import io
 import os
 import sys
 
 import numpy as np
 import pytest
 
+from launcher import cli
 from launcher.executors.base import attempt_dir
 from launcher.executors.slurm_cluster import MISSING, one_node_cluster
 from launcher.testdata import harness as h
@@ -76,13 +78,16 @@ def run_with_a_failing_task(cfg: launcher_pb2.LauncherConfig, data, one_process,
     blocker = f"{job.part(2)}.tmp"
     with open(blocker, "w") as f:
         f.write("in the way")
-    with h.started(cfg) as (_, client):
+    with h.started(cfg) as (launcher, client):
         submitted = client.submit(job_spec)
         h.wait_until(lambda: client.get(submitted.id).failures == 1, "a failure", timeout=90)
         failed_once = client.get(submitted.id)
         assert "precook task 2 of 4 exited 1" in failed_once.exit_reason, failed_once
         os.unlink(blocker)
         done = h.wait_for(client, submitted.id, h.FINAL, timeout=90)
+        status = io.StringIO()
+        assert cli.main(["--launcher", launcher.address, "status", done.id], out=status) == 0
+    assert f"tasks       {N_TASKS}/{N_TASKS} done" in status.getvalue(), status.getvalue()
     assert done.state == job_pb2.SUCCEEDED, done
     assert done.attempts == 2 and done.failures == 1
     p = done.progress

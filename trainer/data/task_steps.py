@@ -15,7 +15,7 @@ from protos.config_yaml import ConfigError
 from protos.exit_codes import ExitCode
 from protos.precook_steps import PrecookStep, job_pointer
 from protos.trainer_config_pb2 import DataConfig
-from protos.validation import validate_job_spec
+from protos.validation import resolve_data, validate_job_spec
 from trainer.data import tasks
 from trainer.data.errors import PrecookError
 from trainer.data.precook import PrecookedDataset, reporter
@@ -55,13 +55,14 @@ def _job_directory(attempt: attempt_pb2.Attempt) -> str:
         raise tasks.TaskError(f"{path}: no prepared job ({e}): the prepare step runs first") from e
 
 
-def precook_as_tasks(data: DataConfig, cache_dir: str) -> PrecookedDataset:
-    """The whole job in this process's hands: prepare, N local task processes, merge."""
-    say = reporter(True)
-    job = tasks.prepare(data, cache_dir, data.tasks, say)
+def precook_as_tasks(data: DataConfig, cache_dir: str, quiet: bool = False) -> PrecookedDataset:
+    """The whole job in this process's hands: prepare, `data.tasks` local processes, merge."""
+    say = reporter(not quiet)
+    n_tasks = resolve_data(data).tasks
+    job = tasks.prepare(data, cache_dir, n_tasks, say)
     attempts = tasks.run_local(job)
     say(f"tasks done (attempts per task: {attempts}); merging")
-    return tasks.merge(job, cache_dir, say)
+    return tasks.merge(job, cache_dir, say, show_progress=not quiet)
 
 
 def summary(ds: PrecookedDataset) -> str:

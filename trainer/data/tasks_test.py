@@ -1,17 +1,15 @@
-"""Distributed precook (tasks.py): 4 task processes, and 4 tasks of a Slurm array job on a real
-one-node Slurm, write the same bytes as one machine; a killed task (local) or a failed array
-task (Slurm) runs again alone, and finished tasks are not redone."""
+"""Distributed precook (tasks.py): 4 task processes write the same bytes as one machine; a
+killed task runs again alone, and finished tasks are not redone. The same job as a Slurm array
+through the launcher: tests/precook_tasks_test.py."""
 
 import os
 import signal
 
 import pytest
 
-from launcher.executors.slurm_cluster import MISSING, one_node_cluster
-from protos import launcher_pb2, trainer_config_pb2
+from protos import trainer_config_pb2
 from trainer.data import corpus, tasks, testdata
 from trainer.data.precook import precook_dataset, reporter
-from trainer.data.slurm_tasks import run_slurm
 
 say = reporter(False)
 
@@ -85,35 +83,3 @@ def test_merge_refuses_a_job_with_a_missing_part(mixture, tmp_path):
     assert tasks.run_task(job.directory, 0) and not tasks.run_task(job.directory, 0)
     with pytest.raises(tasks.TaskError, match=r"tasks \[1, 2, 3\] have not finished"):
         tasks.merge(job, str(tmp_path), say)
-
-
-@pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
-def test_a_slurm_array_job_of_four_tasks_matches_one_machine(mixture, one_machine, tmp_path):
-    with one_node_cluster():
-        job = tasks.prepare(mixture, str(tmp_path), 4, say)
-        attempts = run_slurm(job, launcher_pb2.SlurmPoolConfig(), retries=1)
-        assert attempts == {0: 1, 1: 1, 2: 1, 3: 1}
-        log_dir = os.path.join(job.directory, "logs")
-        logs = "".join(open(os.path.join(log_dir, n)).read() for n in sorted(os.listdir(log_dir)))
-        assert logs.count("precook task") == 4, logs
-        ds = tasks.merge(job, str(tmp_path), say)
-    assert tree(ds.path) == one_machine
-
-
-@pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
-def test_a_failed_slurm_array_task_is_resubmitted_alone(mixture, one_machine, tmp_path):
-    with one_node_cluster():
-        job = tasks.prepare(mixture, str(tmp_path), 4, say)
-        blocker = f"{job.part(3)}.tmp"
-        with open(blocker, "w") as f:  # a file where task 3 must make its directory: it fails
-            f.write("in the way")
-        with pytest.raises(tasks.TaskError, match=r"tasks \[3\] failed 1 times"):
-            run_slurm(job, launcher_pb2.SlurmPoolConfig(), retries=0)
-        assert tasks.done(job) == [0, 1, 2]
-        finished = {i: os.stat(job.part(i)).st_mtime_ns for i in range(3)}
-        os.unlink(blocker)
-        attempts = run_slurm(job, launcher_pb2.SlurmPoolConfig(), retries=0)
-        assert attempts == {0: 0, 1: 0, 2: 0, 3: 1}  # only the failed task ran again
-        assert {i: os.stat(job.part(i)).st_mtime_ns for i in range(3)} == finished
-        ds = tasks.merge(job, str(tmp_path), say)
-    assert tree(ds.path) == one_machine
