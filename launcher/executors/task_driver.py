@@ -5,11 +5,12 @@ tasks as local processes (at most `parallel` at once), then merge.
 
 Standard library only, like attempt_wrapper.py, and run by path as the attempt's command (the
 attempt's own wrapper records how it ended). PLAN.json, written by the local executor:
-{"prepare": STEP, "tasks": [[index, STEP], ...], "merge": STEP, "parallel": K}, where a STEP is
-{"argv": the wrapped trainer command, "log": its output file}. Every step runs under its own
-attempt_wrapper.py, in this process group (a SIGTERM to the group reaches every step's wrapper,
-which forwards it to its trainer). Exit code: that of the first step that failed (prepare, the
-lowest failed task, merge), else 0; each failure is named on stderr.
+{"prepare": STEP, "tasks": [[index, STEP], ...], "merge": STEP, "n_tasks": N, "parallel": K},
+where a STEP is {"argv": the wrapped trainer command, "log": its output file}. Every step runs
+under its own attempt_wrapper.py, in this process group (a SIGTERM to the group reaches every
+step's wrapper, which forwards it to its trainer; a SIGKILL kills the wrappers, and the local
+executor kills the trainers' groups from their pid.json). Exit code: that of the first step
+that failed (prepare, the lowest failed task, merge), else 0; each failure is named on stderr.
 """
 
 import json
@@ -35,7 +36,9 @@ def run_one(step: dict, what: str) -> int:
 
 def run_tasks(tasks: list, n: int, parallel: int) -> int:
     """Every task, `parallel` at a time; the exit code of the lowest failed one (else 0)."""
-    waiting, running, failed = list(tasks), {}, {}
+    waiting = list(tasks)
+    running: dict[int, tuple[subprocess.Popen, dict]] = {}
+    failed: dict[int, int] = {}
     while waiting or running:
         while waiting and len(running) < parallel and not stopping:
             index, step = waiting.pop(0)
