@@ -85,6 +85,20 @@ def test_local_cancel_stops_every_running_task_and_starts_no_more(tmp_path):
     assert set(task_pids(job.attempt_dir)) == set(running)  # nothing started after it
 
 
+def test_local_kill_reaches_every_task_trainer_in_its_own_group(tmp_path):
+    ex = LocalExecutor([])
+    job = launch(tmp_path)
+    handle, _ = ex.start(job)
+    parallel = min(4, os.cpu_count() or 1)
+    wait_for(ex, handle, lambda s: len(task_pids(job.attempt_dir)) == parallel, "tasks")
+    running = task_pids(job.attempt_dir)
+    ex.kill(handle)  # SIGKILL: no wrapper forwards anything
+    seen = wait_for(ex, handle, lambda s: s.status == Status.EXITED, "the attempt's end")
+    assert seen.exit_code == 128 + 9
+    for pids in running.values():
+        assert start_ticks(pids["child_pgid"]) != pids["child_start_ticks"]
+
+
 @pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
 def test_slurm_runs_one_array_job_and_cancel_cancels_all_of_it(tmp_path):
     ex = SlurmExecutor(launcher_pb2.SlurmPoolConfig(), [])
