@@ -10,7 +10,8 @@ where a STEP is {"argv": the wrapped trainer command, "log": its output file}. E
 under its own attempt_wrapper.py, in this process group (a SIGTERM to the group reaches every
 step's wrapper, which forwards it to its trainer; a SIGKILL kills the wrappers, and the local
 executor kills the trainers' groups from their pid.json). Exit code: that of the first step
-that failed (prepare, the lowest failed task, merge), else 0; each failure is named on stderr.
+that failed (prepare, the lowest failed task, merge), else 0. Its own log says when each step
+started and how it ended.
 """
 
 import json
@@ -22,38 +23,42 @@ import time
 stopping: list[int] = []
 
 
-def start(step: dict) -> subprocess.Popen:
+def start(step: dict, what: str) -> subprocess.Popen:
+    say(f"precook {what}: started (log: {step['log']})")
     with open(step["log"], "ab") as log:
         return subprocess.Popen(step["argv"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 
 
+def ended(what: str, code: int) -> None:
+    say(f"precook {what} exited {code}" if code else f"precook {what}: done")
+
+
+def say(line: str) -> None:
+    """A line of the attempt's own log (`kitchen logs`): which step runs, how each ended."""
+    print(f"{time.strftime('%H:%M:%S')} {line}", file=sys.stderr, flush=True)
+
+
 def run_one(step: dict, what: str) -> int:
-    code = start(step).wait()
-    if code != 0:
-        print(f"precook {what} exited {code} (log: {step['log']})", file=sys.stderr, flush=True)
+    code = start(step, what).wait()
+    ended(what, code)
     return code
 
 
 def run_tasks(tasks: list, n: int, parallel: int) -> int:
     """Every task, `parallel` at a time; the exit code of the lowest failed one (else 0)."""
     waiting = list(tasks)
-    running: dict[int, tuple[subprocess.Popen, dict]] = {}
+    running: dict[int, subprocess.Popen] = {}
     failed: dict[int, int] = {}
     while waiting or running:
         while waiting and len(running) < parallel and not stopping:
             index, step = waiting.pop(0)
-            running[index] = (start(step), step)
-        for index, (proc, step) in list(running.items()):
+            running[index] = start(step, f"task {index} of {n}")
+        for index, proc in list(running.items()):
             if proc.poll() is not None:
                 del running[index]
+                ended(f"task {index} of {n}", proc.returncode)
                 if proc.returncode != 0:
                     failed[index] = proc.returncode
-                    print(
-                        f"precook task {index} of {n} exited {proc.returncode} "
-                        f"(log: {step['log']})",
-                        file=sys.stderr,
-                        flush=True,
-                    )
         if stopping and not running:
             break
         time.sleep(0.05)
