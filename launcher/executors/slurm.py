@@ -127,7 +127,8 @@ class SlurmExecutor(Executor):
             ids.append(after)
         merge = [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
         ids.append(self._sbatch_step(launch, PrecookStep.MERGE, merge))
-        handle = {**launch.handle, "name": name, "slurm_job_ids": ids, "precook_tasks": n_tasks}
+        handle = {**launch.handle, "name": name, "slurm_job_ids": ids, "precook_tasks": n_tasks,
+                  "precook_todo": tasks}  # fmt: skip
         return handle, Status.PENDING
 
     def _sbatch_step(self, launch: Launch, step: PrecookStep, flags: list) -> str:
@@ -161,6 +162,10 @@ class SlurmExecutor(Executor):
             return ended
         running = [j for j in queue if j["job_state"] in RUNNING_STATES]
         waiting = [j for j in queue if j["job_state"] in PENDING_STATES]
+        for j in waiting:  # what --kill-on-invalid-dep should have cancelled: cancel it now
+            if j.get("state_reason") == "DependencyNeverSatisfied":
+                self._cancel(str(j["job_id"]))
+        waiting = [j for j in waiting if j.get("state_reason") != "DependencyNeverSatisfied"]
         failed = task_array.failed_step(d, range(n), n)
         if failed is not None:
             if running or any(not j["name"].endswith("-merge") for j in waiting):
@@ -173,10 +178,10 @@ class SlurmExecutor(Executor):
         ended = task_array.merged(d)  # it may have just finished
         if ended is not None:
             return ended
-        gone = [i for i in range(n) if not os.path.exists(os.path.join(
+        gone = [i for i in h["precook_todo"] if not os.path.exists(os.path.join(
             task_array.step_dir(d, PrecookStep.TASK, i), "exit.json"))]  # fmt: skip
         return Observed(Status.LOST, detail=f"Slurm jobs {h['slurm_job_ids']} are gone without "
-                        f"a merge (tasks without an exit code here: {gone})")  # fmt: skip
+                        f"a merge (tasks that never ended: {gone})")  # fmt: skip
 
     # ---------------------------------------------------------------- every job
 

@@ -100,7 +100,7 @@ def test_local_kill_reaches_every_task_trainer_in_its_own_group(tmp_path):
 
 
 @pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
-def test_slurm_runs_one_array_job_and_cancel_cancels_all_of_it(tmp_path):
+def test_slurm_runs_one_array_job_an_element_fails_alone_and_cancel_ends_it_all(tmp_path):
     ex = SlurmExecutor(launcher_pb2.SlurmPoolConfig(), [])
     with one_node_cluster() as root:
         job = launch(tmp_path)
@@ -111,10 +111,18 @@ def test_slurm_runs_one_array_job_and_cancel_cancels_all_of_it(tmp_path):
         assert seen.status == Status.RUNNING and seen.tasks == (0, 4)
         queue = squeue(handle)
         assert {str(j["array_job_id"]) for j in queue if j["name"].endswith("-task")} == {array}
+        first = min(task_pids(job.attempt_dir))
+        subprocess.run(["scancel", f"{array}_{first}"], check=True)  # one element only
+        ended = task_array.step_dir(job.attempt_dir, PrecookStep.TASK, first)
+        wait_for(ex, handle, lambda s: read_json(os.path.join(ended, "exit.json")) is not None,
+                 "the cancelled task's exit code")  # fmt: skip
+        seen = ex.poll({"j": handle})["j"]  # its failure is recorded; the others still run
+        assert seen.status == Status.RUNNING and read_json(f"{ended}/exit.json")["code"] == 143
         ex.terminate(handle)
         seen = wait_for(ex, handle, lambda s: s.status not in (Status.PENDING, Status.RUNNING),
                         "the attempt's end")  # fmt: skip
         assert seen.status == Status.EXITED and seen.exit_code == 143, (seen, root)
+        assert seen.detail.startswith(f"precook task {first} of 4 exited 143")
         assert squeue(handle) == []  # prepare done; array and merge cancelled
 
 
