@@ -40,8 +40,13 @@ class SlurmError(RuntimeError):
     pass
 
 
-def _step_name(launch: Launch, step: PrecookStep) -> str:
-    return f"kitchen-{launch.job.id}-a{launch.job.attempts}-{step.value}"
+def _attempt_name(launch: Launch) -> str:
+    return f"kitchen-{launch.job.id}-a{launch.job.attempts}"
+
+
+def _step_name(attempt_name: str, step: PrecookStep) -> str:
+    """The Slurm job name of one step of a PRECOOK job's attempt (its tasks share one)."""
+    return f"{attempt_name}-{step.value}"
 
 
 def _run(argv, env=None) -> str:
@@ -91,7 +96,7 @@ class SlurmExecutor(Executor):
         if n_tasks > 1:
             return self._start_tasks(launch, n_tasks)
         r = launch.job.spec.resources
-        name = f"kitchen-{launch.job.id}-a{launch.job.attempts}"
+        name = _attempt_name(launch)
         os.makedirs(launch.attempt_dir, exist_ok=True)
         script = os.path.join(launch.attempt_dir, "batch.sh")
         with open(script, "w") as f:
@@ -116,7 +121,7 @@ class SlurmExecutor(Executor):
         d = launch.attempt_dir
         tasks = task_array.todo(task_array.run_dir_of(d), n_tasks)
         task_array.prepare_dirs(d, tasks)
-        name = f"kitchen-{launch.job.id}-a{launch.job.attempts}"
+        name = _attempt_name(launch)
         after = self._sbatch_step(launch, PrecookStep.PREPARE, [])
         ids = [after]
         if tasks:
@@ -143,7 +148,8 @@ class SlurmExecutor(Executor):
         with open(script, "w") as f:
             f.write(f"#!/bin/bash\n{exports}exec {command}\n")
         argv = [
-            "sbatch", "--parsable", f"--job-name={_step_name(launch, step)}", "--ntasks=1",
+            "sbatch", "--parsable", f"--job-name={_step_name(_attempt_name(launch), step)}",
+            "--ntasks=1",
             f"--output={os.path.join(task_array.step_dir(d, step, '%a'), 'output.log')}",
             f"--chdir={launch.job.run_dir}", *flags,
         ]  # fmt: skip
@@ -154,7 +160,7 @@ class SlurmExecutor(Executor):
     def _poll_tasks(self, h: dict) -> Observed:
         """The attempt ends when merge does, or when a step failed and no task still runs (the
         tasks that can finish do: their parts count for the retry)."""
-        names = [f"{h['name']}-{s.value}" for s in PrecookStep]
+        names = [_step_name(h["name"], s) for s in PrecookStep]
         queue = json.loads(_run(["squeue", "--json", f"--name={','.join(names)}"]))["jobs"]
         d, n = h["attempt_dir"], h["precook_tasks"]
         ended = task_array.merged(d)
@@ -168,7 +174,8 @@ class SlurmExecutor(Executor):
         waiting = [j for j in waiting if j.get("state_reason") != "DependencyNeverSatisfied"]
         failed = task_array.failed_step(d, range(n), n)
         if failed is not None:
-            if running or any(not j["name"].endswith("-merge") for j in waiting):
+            merge = _step_name(h["name"], PrecookStep.MERGE)
+            if running or any(j["name"] != merge for j in waiting):
                 return Observed(Status.RUNNING)
             for j in waiting:  # a merge whose dependency can never be met
                 self._cancel(str(j["job_id"]))
