@@ -2,13 +2,14 @@
 killed task runs again alone, and finished tasks are not redone. The same job as a Slurm array
 through the launcher: tests/precook_tasks_test.py."""
 
+import json
 import os
 import signal
 
 import pytest
 
 from protos import trainer_config_pb2
-from trainer.data import corpus, tasks, testdata
+from trainer.data import cli, corpus, tasks, testdata
 from trainer.data.precook import precook_dataset, reporter
 
 say = reporter(False)
@@ -83,3 +84,17 @@ def test_merge_refuses_a_job_with_a_missing_part(mixture, tmp_path):
     assert tasks.run_task(job.directory, 0) and not tasks.run_task(job.directory, 0)
     with pytest.raises(tasks.TaskError, match=r"tasks \[1, 2, 3\] have not finished"):
         tasks.merge(job, str(tmp_path), say)
+
+
+def test_precook_build_tasks_flag_runs_local_tasks_to_the_same_dataset(tmp_path, capsys):
+    root = str(tmp_path / "corpus")
+    testdata.write_text_corpus(root, n=30, seed=3)
+    flags = ["--input", root, "--vocab-size", "300", "--seq-len", "64", "--workers", "1"]
+    flags += ["--eval-fraction", "0.1", "--cache-dir", str(tmp_path / "cache"), "--json"]
+    assert cli.main(["build", *flags, "--tasks", "3"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    one = precook_dataset(testdata.data_config(input=root), str(tmp_path / "one"))
+    assert os.path.basename(built["path"]) == os.path.basename(one.path)
+    assert tree(built["path"]) == tree(one.path)
+    assert cli.main(["build", *flags, "--tasks", "0"]) == 2
+    assert "--tasks (data.tasks): 0 is not in" in capsys.readouterr().err
