@@ -99,6 +99,8 @@ def cmd_status(client, args, out):
         )
         if job.last_progress.seconds:
             lines.append(f"  last report {duration(_seconds_since(job.last_progress))} ago")
+    if p.precook_tasks_total:  # #21: a PRECOOK job run as tasks
+        lines.append(f"  tasks       {p.precook_tasks_done}/{p.precook_tasks_total} done")
     if serving(job):
         lines.append(f"  serving     {serving(job)}")
     lines.append(f"  run dir     {job.run_dir}")

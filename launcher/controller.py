@@ -35,7 +35,7 @@ from launcher.faults import ErrorLog, Holds
 from launcher.job_steps import JobSteps, StoreError
 from launcher.transitions import FINAL
 from launcher.unfinished import LiveAttempt, Queued, UnfinishedJobs
-from protos import job_pb2, launcher_pb2
+from protos import job_pb2, launcher_pb2, progress_pb2
 
 log = logging.getLogger("kitchen.launcher")
 PROGRESS_FLUSH_SECONDS = 2.0
@@ -260,11 +260,23 @@ class Controller:
             )
 
     def _observed(self, live: LiveAttempt, seen: Observed, now):
+        if seen.tasks is not None:  # a PRECOOK job's tasks, counted by the executor
+            self._tasks_progress(live, *seen.tasks)
         if seen.status == Status.RUNNING and live.job.state == job_pb2.STARTING:
             live.job = self.steps.save(transitions.launched(live.job, live.handle, running=True))
             self.events.publish(live.job.id)
         elif seen.status not in (Status.PENDING, Status.RUNNING):
             self._attempt_ended(live, seen, now)
+
+    def _tasks_progress(self, live: LiveAttempt, done: int, total: int):
+        last = live.progress
+        if last is not None and last.precook_tasks_done == done and last.precook_tasks_total:
+            return
+        report = progress_pb2.Progress(
+            phase="precook", precook_tasks_done=done, precook_tasks_total=total,
+            message=f"precook tasks done: {done}/{total}",
+        )  # fmt: skip
+        self.report_progress(live.job.id, live.job.attempts, report)
 
     def _check(self, live: LiveAttempt, now):
         if live.kill_at is not None and now >= live.kill_at:

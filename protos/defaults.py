@@ -78,6 +78,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "max_doc_tokens": Field(0, 0, INT32_MAX),
         "min_alpha_fraction": Field(0.0, 0, 1),
         "max_repeated_line_fraction": Field(1.0, 0, 1),
+        "tasks": Field(1, 1, 1 << 16),
     },
     "model": {
         "dim": Field(256, 2, 1 << 16),

@@ -256,6 +256,11 @@ def validate_trainer(
     if kind == job_pb2.IMPORT:
         _check(bool(cfg.hf.path), "trainer.hf.path", "IMPORT reads a Hugging Face model directory")
     validate_vision(cfg, kind)  # #16
+    _check(  # #21: a PRECOOK job's tasks are the launcher's (launcher/executors/task_array.py)
+        d.tasks == 1 or (kind == job_pb2.PRECOOK and d.format not in IMAGE_FORMATS),
+        "trainer.data.tasks",
+        f"{d.tasks} tasks: only a PRECOOK job of text runs as tasks (others precook in one)",
+    )
     if kind == job_pb2.SFT:
         _check(
             d.format == trainer_config_pb2.JSONL_CHAT,

@@ -374,3 +374,15 @@ def test_fp8_refuses_what_it_cannot_compose_with(fields, message):
 def test_fp8_resolves_with_ddp():
     cfg = validate_job_spec(layout_spec(train__dtype="FP8"))
     assert cfg.train.dtype == "FP8" and cfg.train.parallelism == trainer_config_pb2.DDP
+
+
+def test_precook_tasks_are_for_a_precook_job_of_text():
+    assert "trainer.data.tasks: 4 tasks: only a PRECOOK job" in error(
+        spec_with(trainer__data__tasks=4)
+    )
+    precook = spec_with(kind=job_pb2.PRECOOK, trainer__data__tasks=4)
+    assert validate_job_spec(precook).data.tasks == 4
+    assert validate_job_spec(spec_with(kind=job_pb2.PRECOOK)).data.tasks == 1  # the default
+    assert error(spec_with(kind=job_pb2.PRECOOK, trainer__data__tasks=0)).startswith(
+        "trainer.data.tasks: 0 is not in"
+    )

@@ -26,6 +26,7 @@ from google.protobuf import json_format
 from protos import attempt_pb2, job_pb2, paths
 from protos.config_yaml import ConfigError, load_job_spec
 from protos.exit_codes import ExitCode
+from protos.precook_steps import PrecookStep
 from protos.validation import validate_job_spec
 
 
@@ -274,6 +275,11 @@ def run_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
 
     if vlm.handles(kind, cfg):
         return vlm.run(cfg, attempt, env, log, client)
+    if kind == job_pb2.PRECOOK and cfg.data.tasks > 1:  # #21: as N local processes, by hand
+        from trainer.data import task_steps
+
+        log(task_steps.summary(task_steps.precook_as_tasks(cfg.data, attempt.cache_dir)))
+        return ExitCode.OK
     if kind == job_pb2.PRECOOK:
         counts = precook(cfg, attempt.cache_dir, env, log).manifest.counts
         log(
@@ -305,7 +311,12 @@ def parse_args(argv):
     source.add_argument("--config", help="YAML job spec (configs/*.yaml): a job run by hand")
     source.add_argument("--attempt", help="kitchen.v1.Attempt as JSON (from the launcher)")
     p.add_argument("--run-dir", help="with --config: where metrics, checkpoints and plots go")
+    steps = [s.value for s in PrecookStep]  # #21: a PRECOOK job's tasks, run by the launcher
+    p.add_argument("--precook-step", choices=steps, help="with --attempt: one step of its tasks")
+    p.add_argument("--task-index", type=int, help="--precook-step task: which task, 0..N-1")
     args = p.parse_args(argv)
+    if args.precook_step and not args.attempt:
+        p.error("--precook-step runs a step of a launched attempt: give --attempt")
     if args.attempt and args.run_dir:
         p.error("--run-dir is the attempt's run_dir: give it with --config only")
     return args
@@ -314,6 +325,12 @@ def parse_args(argv):
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
+        if args.precook_step:  # one step of a PRECOOK job's tasks: no torch, no process group
+            from trainer.data import task_steps
+
+            attempt = read_attempt(paths.user_path(args.attempt))
+            step = PrecookStep(args.precook_step)
+            return int(task_steps.run(attempt, step, args.task_index))
         return int(_run(args))
     except BadInput as e:
         print(f"error: {e}", file=sys.stderr, flush=True)

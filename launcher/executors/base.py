@@ -38,6 +38,7 @@ class Observed:
     status: Status
     exit_code: int | None = None
     detail: str = ""
+    tasks: tuple[int, int] | None = None  # a PRECOOK job's tasks (done, total): task_array.py
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,10 +10,11 @@ while the launcher was down still tells its exit code.
 import os
 import signal
 import subprocess
+import sys
 import time
 
-from launcher.executors import image
-from launcher.executors.attempt_wrapper import DUPLICATE, start_ticks
+from launcher.executors import image, task_array
+from launcher.executors.attempt_wrapper import DUPLICATE, start_ticks, write_json_atomically
 from launcher.executors.base import (
     STARTUP_GRACE_SECONDS,
     Executor,
@@ -26,6 +27,9 @@ from launcher.executors.base import (
     torchrun,
     wrapped,
 )
+from protos.precook_steps import PrecookStep
+
+TASK_DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "task_driver.py")
 
 
 class LocalExecutor(Executor):
@@ -51,6 +55,9 @@ class LocalExecutor(Executor):
         elif nproc > 1:
             argv = torchrun(self.torchrun_cmd, argv, nproc, ["--standalone", "--nnodes=1"])
         os.makedirs(launch.attempt_dir, exist_ok=True)
+        n_tasks, extra = task_array.n_tasks(launch.job), {}
+        if n_tasks > 1:  # #21: a PRECOOK job's steps, driven by task_driver.py
+            argv, extra = self._task_driver(launch, n_tasks), {"precook_tasks": n_tasks}
         with open(launch.log_path, "ab") as log:
             popen = subprocess.Popen(
                 wrapped(launch.attempt_dir, argv),
@@ -62,10 +69,35 @@ class LocalExecutor(Executor):
                 cwd=launch.job.run_dir,
             )
         self._children[launch.attempt_dir] = popen
-        return {**launch.handle, "wrapper_pid": popen.pid}, Status.RUNNING
+        return {**launch.handle, "wrapper_pid": popen.pid, **extra}, Status.RUNNING
+
+    def _task_driver(self, launch: Launch, n_tasks: int) -> list:
+        """The driver's command; its plan: the unfinished tasks, as many at once as CPUs."""
+        d = launch.attempt_dir
+        tasks = task_array.todo(task_array.run_dir_of(d), n_tasks)
+        task_array.prepare_dirs(d, tasks)
+
+        def step(s: PrecookStep, index: int | str = "") -> dict:
+            where = task_array.step_dir(d, s, index)
+            argv = wrapped(where, task_array.step_argv(launch, s, str(index)))
+            return {"argv": argv, "log": os.path.join(where, "output.log")}
+
+        plan = {
+            "prepare": step(PrecookStep.PREPARE),
+            "tasks": [[i, step(PrecookStep.TASK, i)] for i in tasks],
+            "merge": step(PrecookStep.MERGE),
+            "n_tasks": n_tasks,
+            "parallel": min(n_tasks, os.cpu_count() or 1),
+        }
+        write_json_atomically(os.path.join(d, "steps.json"), plan)
+        return [sys.executable, TASK_DRIVER, os.path.join(d, "steps.json")]
 
     def poll(self, handles: dict) -> dict:
-        return {job_id: self._poll_one(h) for job_id, h in handles.items()}
+        out = {}
+        for job_id, h in handles.items():
+            seen = self._poll_one(h)
+            out[job_id] = task_array.observed(seen, h) if "precook_tasks" in h else seen
+        return out
 
     def _poll_one(self, handle: dict) -> Observed:
         d = handle["attempt_dir"]
@@ -117,6 +149,9 @@ class LocalExecutor(Executor):
                 _killpg(pids["child_pgid"], sig)
         elif wrapper_alive or leader_alive:
             _killpg(pids["child_pgid"], sig)  # the wrapper then records 137 and exits
+        if sig == signal.SIGKILL:  # a PRECOOK job's steps: each trainer in its own group
+            for pgid in task_array.step_pgids(d):
+                _killpg(pgid, sig)
 
 
 def _killpg(pgid: int, sig: int):

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from launcher.executors import image
+from launcher.executors import image, task_array
 from launcher.executors.base import (
     STARTUP_GRACE_SECONDS,
     Executor,
@@ -28,6 +28,7 @@ from launcher.executors.base import (
     exit_status,
     wrapped,
 )
+from protos.precook_steps import PrecookStep
 
 log = logging.getLogger("kitchen.launcher")
 RUNNING_STATES = {"RUNNING", "COMPLETING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
@@ -37,6 +38,15 @@ RENDEZVOUS_PORT = 29500
 
 class SlurmError(RuntimeError):
     pass
+
+
+def _attempt_name(launch: Launch) -> str:
+    return f"kitchen-{launch.job.id}-a{launch.job.attempts}"
+
+
+def _step_name(attempt_name: str, step: PrecookStep) -> str:
+    """The Slurm job name of one step of a PRECOOK job's attempt (its tasks share one)."""
+    return f"{attempt_name}-{step.value}"
 
 
 def _run(argv, env=None) -> str:
@@ -82,8 +92,11 @@ class SlurmExecutor(Executor):
         return f"#!/bin/bash\n{exports}{head}exec {command}\n"
 
     def start(self, launch: Launch):
+        n_tasks = task_array.n_tasks(launch.job)
+        if n_tasks > 1:
+            return self._start_tasks(launch, n_tasks)
         r = launch.job.spec.resources
-        name = f"kitchen-{launch.job.id}-a{launch.job.attempts}"
+        name = _attempt_name(launch)
         os.makedirs(launch.attempt_dir, exist_ok=True)
         script = os.path.join(launch.attempt_dir, "batch.sh")
         with open(script, "w") as f:
@@ -100,9 +113,91 @@ class SlurmExecutor(Executor):
         slurm_id = _run(argv).strip().split(";")[0]
         return {**launch.handle, "name": name, "slurm_job_id": slurm_id}, Status.PENDING
 
+    # ------------------------------------------------- a PRECOOK job's steps (task_array.py)
+
+    def _start_tasks(self, launch: Launch, n_tasks: int):
+        """prepare, then one array job of the unfinished tasks, then merge, chained with
+        `afterok` dependencies: Slurm cancels the merge once a task fails."""
+        d = launch.attempt_dir
+        tasks = task_array.todo(task_array.run_dir_of(d), n_tasks)
+        task_array.prepare_dirs(d, tasks)
+        name = _attempt_name(launch)
+        after = self._sbatch_step(launch, PrecookStep.PREPARE, [])
+        ids = [after]
+        if tasks:
+            array = [f"--array={','.join(map(str, tasks))}", f"--dependency=afterok:{after}"]
+            after = self._sbatch_step(
+                launch, PrecookStep.TASK, [*array, "--kill-on-invalid-dep=yes"]
+            )
+            ids.append(after)
+        merge = [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"]
+        ids.append(self._sbatch_step(launch, PrecookStep.MERGE, merge))
+        handle = {**launch.handle, "name": name, "slurm_job_ids": ids, "precook_tasks": n_tasks,
+                  "precook_todo": tasks}  # fmt: skip
+        return handle, Status.PENDING
+
+    def _sbatch_step(self, launch: Launch, step: PrecookStep, flags: list) -> str:
+        d, index = launch.attempt_dir, "$SLURM_ARRAY_TASK_ID"
+        argv = task_array.step_argv(launch, step, index)
+        command = " ".join(  # the array task's index expands in the script
+            f'"{a}"' if index in a else shlex.quote(a)
+            for a in wrapped(task_array.step_dir(d, step, index), argv, self.python)
+        )
+        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(launch.env.items()))
+        script = os.path.join(d, f"{step.value}.sh")
+        with open(script, "w") as f:
+            f.write(f"#!/bin/bash\n{exports}exec {command}\n")
+        argv = [
+            "sbatch", "--parsable", f"--job-name={_step_name(_attempt_name(launch), step)}",
+            "--ntasks=1",
+            f"--output={os.path.join(task_array.step_dir(d, step, '%a'), 'output.log')}",
+            f"--chdir={launch.job.run_dir}", *flags,
+        ]  # fmt: skip
+        if self.cfg.partition:
+            argv.append(f"--partition={self.cfg.partition}")
+        return _run([*argv, *self.cfg.sbatch_args, script]).strip().split(";")[0]
+
+    def _poll_tasks(self, h: dict) -> Observed:
+        """The attempt ends when merge does, or when a step failed and no task still runs (the
+        tasks that can finish do: their parts count for the retry)."""
+        names = [_step_name(h["name"], s) for s in PrecookStep]
+        queue = json.loads(_run(["squeue", "--json", f"--name={','.join(names)}"]))["jobs"]
+        d, n = h["attempt_dir"], h["precook_tasks"]
+        ended = task_array.merged(d)
+        if ended is not None:
+            return ended
+        running = [j for j in queue if j["job_state"] in RUNNING_STATES]
+        waiting = [j for j in queue if j["job_state"] in PENDING_STATES]
+        for j in waiting:  # what --kill-on-invalid-dep should have cancelled: cancel it now
+            if j.get("state_reason") == "DependencyNeverSatisfied":
+                self._cancel(str(j["job_id"]))
+        waiting = [j for j in waiting if j.get("state_reason") != "DependencyNeverSatisfied"]
+        failed = task_array.failed_step(d, range(n), n)
+        if failed is not None:
+            merge = _step_name(h["name"], PrecookStep.MERGE)
+            if running or any(j["name"] != merge for j in waiting):
+                return Observed(Status.RUNNING)
+            for j in waiting:  # a merge whose dependency can never be met
+                self._cancel(str(j["job_id"]))
+            return failed
+        if running or waiting:
+            return Observed(Status.RUNNING if running else Status.PENDING)
+        ended = task_array.merged(d)  # it may have just finished
+        if ended is not None:
+            return ended
+        gone = [i for i in h["precook_todo"] if not os.path.exists(os.path.join(
+            task_array.step_dir(d, PrecookStep.TASK, i), "exit.json"))]  # fmt: skip
+        return Observed(Status.LOST, detail=f"Slurm jobs {h['slurm_job_ids']} are gone without "
+                        f"a merge (tasks that never ended: {gone})")  # fmt: skip
+
+    # ---------------------------------------------------------------- every job
+
     def poll(self, handles: dict) -> dict:
         out, ask = {}, {}
         for job_id, h in handles.items():
+            if "precook_tasks" in h:
+                out[job_id] = task_array.observed(self._poll_tasks(h), h)
+                continue
             ended = exit_status(h["attempt_dir"])
             if ended is not None:
                 out[job_id] = ended
@@ -160,6 +255,10 @@ class SlurmExecutor(Executor):
         return str(entry["job_id"]) if entry else None
 
     def terminate(self, handle: dict):
+        if "slurm_job_ids" in handle:  # a PRECOOK job's steps: all of them
+            for step_id in handle["slurm_job_ids"]:
+                self._cancel(step_id)
+            return
         slurm_id = self._slurm_id(handle)
         if slurm_id is None:
             return
@@ -169,6 +268,13 @@ class SlurmExecutor(Executor):
             self._cancel(slurm_id)  # still pending: there is no process to signal
 
     def kill(self, handle: dict):
+        if "slurm_job_ids" in handle:
+            for step_id in handle["slurm_job_ids"]:
+                try:
+                    _run(["scancel", "--full", "--signal=KILL", step_id])
+                except SlurmError:
+                    self._cancel(step_id)
+            return
         slurm_id = self._slurm_id(handle)
         if slurm_id is None:
             return

@@ -46,6 +46,7 @@ TaskPlugin=task/none
 CommunicationParameters=NoCtldInAddrAny,NoInAddrAny
 SchedulerType=sched/builtin
 SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
 ReturnToService=2
 MpiDefault=none
 KillWait=5

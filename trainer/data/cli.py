@@ -23,7 +23,7 @@ from trainer.data.mixture import SINGLE
 from trainer.data.packing import STRATEGIES
 from trainer.data.precook import PrecookedDataset, precook_dataset, reporter
 from trainer.data.shards import SPLITS
-from trainer.data.tasks import TaskExecutor
+from trainer.data.task_steps import precook_as_tasks
 
 FORMATS = ("text_files", "jsonl", "jsonl_chat")
 TOKENIZERS = ("bpe_train", "bpe_file", "cl100k")
@@ -67,11 +67,9 @@ def parser() -> argparse.ArgumentParser:
     build.add_argument("--seq-len", type=int, help="tokens per row (default 256)")
     build.add_argument("--packing", choices=STRATEGIES, help="default best_fit")
     build.add_argument("--shard-tokens", type=int, help="tokens per shard (default 16Mi)")
-    build.add_argument("--tasks", type=int, default=1, help="precook as N tasks (tasks.py)")
     build.add_argument(
-        "--executor", choices=[e.value for e in TaskExecutor], default="local", help="for --tasks"
+        "--tasks", type=int, help="as N local processes (default 1; on Slurm: a PRECOOK job)"
     )
-    build.add_argument("--slurm-partition", default="", help="--executor slurm: the partition")
     analyze = sub.add_parser("analyze", help="padding waste and efficiency of every strategy")
     _add_corpus_flags(analyze)
     analyze.add_argument("--seq-len", default="2048,4096,8192", help="comma-separated lengths")
@@ -96,7 +94,7 @@ def data_config(args):
         cfg.dedup_exact = True
     for i, spec in enumerate(args.source):
         _add_source(cfg, spec, f"data.sources[{i}]")
-    for field in ("eval_fraction", "max_documents", "shard_tokens"):
+    for field in ("eval_fraction", "max_documents", "shard_tokens", "tasks"):
         if getattr(args, field, None) is not None:
             setattr(cfg, field, getattr(args, field))
     for field in ("format", "tokenizer", "packing"):
@@ -181,20 +179,6 @@ def _summary(ds: PrecookedDataset) -> str:
     return "\n".join(lines)
 
 
-def _distributed(args, cfg, cache_dir: str, say) -> PrecookedDataset:
-    from protos.launcher_pb2 import SlurmPoolConfig
-    from trainer.data import tasks
-    from trainer.data.slurm_tasks import run_slurm
-
-    job = tasks.prepare(cfg, cache_dir, args.tasks, say)
-    if TaskExecutor(args.executor) == TaskExecutor.SLURM:
-        attempts = run_slurm(job, SlurmPoolConfig(partition=args.slurm_partition))
-    else:
-        attempts = tasks.run_local(job)
-    say(f"tasks done (attempts per task: {attempts}); merging")
-    return tasks.merge(job, cache_dir, say, show_progress=not args.json)
-
-
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     say = reporter(not args.json)
@@ -202,8 +186,8 @@ def main(argv=None) -> int:
         cfg = data_config(args)
         cache_dir = precook_cache_dir(cfg)
         if args.command == "build":
-            if args.tasks > 1:
-                ds = _distributed(args, cfg, cache_dir, say)
+            if resolve_data(cfg).tasks > 1:
+                ds = precook_as_tasks(cfg, cache_dir, quiet=args.json)
             else:
                 ds = precook_dataset(cfg, cache_dir, show_progress=not args.json)
             if args.json:

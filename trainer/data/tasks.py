@@ -2,7 +2,8 @@
 
     prepare   (one process) plan and hash the inputs, train the tokenizer once, write the job
               directory: job.json (the plan: units, files, sources) and tokenizer/
-    task i    (N processes: local, or a Slurm array job, slurm_tasks.py) tokenize the i-th
+    task i    (N processes: run_local, or a PRECOOK job's tasks on the launcher's pool, a
+              Slurm array job or local processes: task_steps.py) tokenize the i-th
               contiguous slice of the units, one .npz per unit, into parts/<i>.tmp, renamed to
               parts/<i> when complete. A task whose part exists returns at once, so a rerun
               (or a retry of the one failed task) redoes nothing that finished.
@@ -19,7 +20,6 @@ through the same tokenize_unit, the same writer. The job directory lives under t
 import argparse
 import base64
 import dataclasses
-import enum
 import json
 import os
 import shutil
@@ -43,11 +43,6 @@ from trainer.data.progress import Say
 
 JOB = "job.json"
 TOKENIZER_DIR = "tokenizer"
-
-
-class TaskExecutor(enum.Enum):
-    LOCAL = "local"  # N processes on this machine
-    SLURM = "slurm"  # a Slurm array job (slurm_tasks.py)
 
 
 class TaskError(PrecookError):

@@ -1,17 +1,16 @@
-"""Distributed precook (tasks.py): 4 task processes, and 4 tasks of a Slurm array job on a real
-one-node Slurm, write the same bytes as one machine; a killed task (local) or a failed array
-task (Slurm) runs again alone, and finished tasks are not redone."""
+"""Distributed precook (tasks.py): 4 task processes write the same bytes as one machine; a
+killed task runs again alone, and finished tasks are not redone. The same job as a Slurm array
+through the launcher: tests/precook_tasks_test.py."""
 
+import json
 import os
 import signal
 
 import pytest
 
-from launcher.executors.slurm_cluster import MISSING, one_node_cluster
-from protos import launcher_pb2, trainer_config_pb2
-from trainer.data import corpus, tasks, testdata
+from protos import trainer_config_pb2
+from trainer.data import cli, corpus, tasks, testdata
 from trainer.data.precook import precook_dataset, reporter
-from trainer.data.slurm_tasks import run_slurm
 
 say = reporter(False)
 
@@ -87,33 +86,15 @@ def test_merge_refuses_a_job_with_a_missing_part(mixture, tmp_path):
         tasks.merge(job, str(tmp_path), say)
 
 
-@pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
-def test_a_slurm_array_job_of_four_tasks_matches_one_machine(mixture, one_machine, tmp_path):
-    with one_node_cluster():
-        job = tasks.prepare(mixture, str(tmp_path), 4, say)
-        attempts = run_slurm(job, launcher_pb2.SlurmPoolConfig(), retries=1)
-        assert attempts == {0: 1, 1: 1, 2: 1, 3: 1}
-        log_dir = os.path.join(job.directory, "logs")
-        logs = "".join(open(os.path.join(log_dir, n)).read() for n in sorted(os.listdir(log_dir)))
-        assert logs.count("precook task") == 4, logs
-        ds = tasks.merge(job, str(tmp_path), say)
-    assert tree(ds.path) == one_machine
-
-
-@pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
-def test_a_failed_slurm_array_task_is_resubmitted_alone(mixture, one_machine, tmp_path):
-    with one_node_cluster():
-        job = tasks.prepare(mixture, str(tmp_path), 4, say)
-        blocker = f"{job.part(3)}.tmp"
-        with open(blocker, "w") as f:  # a file where task 3 must make its directory: it fails
-            f.write("in the way")
-        with pytest.raises(tasks.TaskError, match=r"tasks \[3\] failed 1 times"):
-            run_slurm(job, launcher_pb2.SlurmPoolConfig(), retries=0)
-        assert tasks.done(job) == [0, 1, 2]
-        finished = {i: os.stat(job.part(i)).st_mtime_ns for i in range(3)}
-        os.unlink(blocker)
-        attempts = run_slurm(job, launcher_pb2.SlurmPoolConfig(), retries=0)
-        assert attempts == {0: 0, 1: 0, 2: 0, 3: 1}  # only the failed task ran again
-        assert {i: os.stat(job.part(i)).st_mtime_ns for i in range(3)} == finished
-        ds = tasks.merge(job, str(tmp_path), say)
-    assert tree(ds.path) == one_machine
+def test_precook_build_tasks_flag_runs_local_tasks_to_the_same_dataset(tmp_path, capsys):
+    root = str(tmp_path / "corpus")
+    testdata.write_text_corpus(root, n=30, seed=3)
+    flags = ["--input", root, "--vocab-size", "300", "--seq-len", "64", "--workers", "1"]
+    flags += ["--eval-fraction", "0.1", "--cache-dir", str(tmp_path / "cache"), "--json"]
+    assert cli.main(["build", *flags, "--tasks", "3"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    one = precook_dataset(testdata.data_config(input=root), str(tmp_path / "one"))
+    assert os.path.basename(built["path"]) == os.path.basename(one.path)
+    assert tree(built["path"]) == tree(one.path)
+    assert cli.main(["build", *flags, "--tasks", "0"]) == 2
+    assert "--tasks (data.tasks): 0 is not in" in capsys.readouterr().err
