@@ -87,24 +87,34 @@ class Stage(nn.Module):
             x = block(x, cos, sin, mask, None, 0)
         if self.norm is None or self.output is None:
             return x, position_ids, document_ids
-        return torch.nn.functional.linear(self.norm(x), self.output.weight).float()
+        return self.output(self.norm(x)).float()  # a module call: FSDP's hooks gather it
 
 
 def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+def stage_modules(part: Transformer, layout: ParallelLayout, pp_rank: int, layout_fn: LayoutFn):
+    """This rank's stages over `part`, in stage order (built with the engine, before any
+    data-parallel sharding wraps them: FSDP's root for a stage is its Stage module)."""
+    total = layout.stages
+    return [
+        Stage(part, stage_layers(len(part.layers), layout, s), s == 0, s == total - 1, layout_fn)
+        for s in stage_ids(layout, pp_rank)
+    ]
+
+
 def build_schedule(
     part: Transformer,
+    modules: list[Stage],
     layout: ParallelLayout,
     pp_rank: int,
     group,
     micro_batch: dict[str, torch.Tensor],
     n_microbatches: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    layout_fn: LayoutFn,
 ):
-    """The schedule that runs this rank's stages; `schedule.step(...)` is one step.
+    """The schedule that runs this rank's stage `modules`; `schedule.step(...)` is one step.
 
     `micro_batch`: one micro-batch as this rank feeds it (its shapes are the stages' input
     shapes: the stages are told them rather than inferring them from a trial forward, which
@@ -118,15 +128,13 @@ def build_schedule(
     hidden = _meta((rows, hidden_seq, dim), torch.float32).requires_grad_()
     side = (_meta(tuple(positions.shape), positions.dtype), _meta(tuple(docs.shape), docs.dtype))
     stages = []
-    for s in stage_ids(layout, pp_rank):
+    for s, module in zip(stage_ids(layout, pp_rank), modules, strict=True):
         first, last = s == 0, s == total - 1
         inputs = (_meta((rows, seq), ids.dtype) if first else hidden, *side)
         outputs = (_meta((rows, seq, vocab), torch.float32),) if last else (hidden, *side)
-        module = Stage(part, stage_layers(len(part.layers), layout, s), first, last, layout_fn)
-        device = ids.device
         stages.append(
             PipelineStage(
-                module, s, total, device, input_args=inputs, output_args=outputs, group=group
+                module, s, total, ids.device, input_args=inputs, output_args=outputs, group=group
             )
         )
     if layout.schedule is Schedule.INTERLEAVED_1F1B:

@@ -51,13 +51,15 @@ def optim_config() -> trainer_config_pb2.OptimConfig:
 
 
 def parse(name: str, world_size: int) -> ParallelLayout:
-    """`tp2`, `tp2+sp`, `cp2`, `pp2:GPIPE`, `pp2:INTERLEAVED_1F1B`, `dp4`, joined by `,`
-    (`pp2:ONE_F_ONE_B,tp2+sp`); the data-parallel degree fills the world size."""
+    """`tp2`, `tp2+sp`, `cp2`, `pp2:GPIPE`, `pp2:INTERLEAVED_1F1B`, `dp4`, `fsdp2`, joined by
+    `,` (`pp2:ONE_F_ONE_B,tp2+sp`); the data-parallel degree fills the world size."""
     fields: dict = {}
     for part in name.split(","):
         kind, _, schedule = part.partition(":")
         if kind.endswith("+sp"):
             fields["sequence_parallel"], kind = True, kind[:-3]
+        if kind.startswith("fsdp"):  # the data-parallel dimension shards
+            fields["fsdp"], kind = True, "dp" + kind[4:]
         fields[kind[:2]] = int(kind[2:])
         if schedule:
             fields["schedule"] = Schedule(schedule)

@@ -1,9 +1,10 @@
 """The trainer's own checkpoints under model-parallel layouts, resumed under other layouts.
 
 Through the real entry point (`trainer.main` under torchrun, gloo on 127.0.0.1), a chain of
-runs of one tiny job, every run on the same global batch (8 rows a step) and data order:
-  A  pipeline parallel (PP=2) trains steps 1-4, a checkpoint every step (dcp/ + model.pt);
-  B  A's step-1 checkpoint resumed under tensor parallel (TP=2): steps 2-4;
+runs of one tiny job, every run on the same global batch (16 rows a step) and data order:
+  A  pipeline parallel with FSDP (PP=2 x FSDP=2, 4 ranks) trains steps 1-4, a checkpoint
+     every step (dcp/ + model.pt);
+  B  A's step-1 checkpoint resumed under tensor parallel (TP=2, 2 ranks): steps 2-4;
   C  B's step-3 checkpoint (written by TP) resumed under plain data parallel (DDP, 2 ranks).
 Each resumed step logs the loss A logged at that step (relative 1e-5, as the layouts' proofs),
 and the final weights agree; in this process, A's shards load into one whole model.
@@ -26,7 +27,7 @@ MODEL = {"dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "tie_embedding
 
 
 def job(root: Path, name: str, **train) -> Path:
-    train = {"parallelism": "DDP", "grad_accum": 2, **train}
+    train = {"parallelism": "DDP", **train}
     spec = tiny_job(
         root / "cache", steps=STEPS, model=MODEL, train=train, checkpoint={"every_steps": 1}
     )
@@ -40,8 +41,10 @@ def resume_from(source: Path, step: int, run_dir: Path) -> None:
     shutil.copytree(source / "checkpoints" / name, run_dir / "checkpoints" / name)
 
 
-def launch(root: Path, name: str, **train) -> Path:
-    result = torchrun(job(root, name, **train), root / name)
+def launch(root: Path, name: str, nproc: int, **train) -> Path:
+    """`train`: the layout and grad_accum, so that micro_batch (4) x data-parallel ranks x
+    grad_accum is 16 rows in every run."""
+    result = torchrun(job(root, name, **train), root / name, nproc=nproc)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return root / name
 
@@ -49,11 +52,11 @@ def launch(root: Path, name: str, **train) -> Path:
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("resume")
-    launch(root, "pp2", pipeline_parallel=2)
+    launch(root, "pp2", 4, pipeline_parallel=2, parallelism="FSDP", grad_accum=2)
     resume_from(root / "pp2", 1, root / "tp2")
-    launch(root, "tp2", tensor_parallel=2)
+    launch(root, "tp2", 2, tensor_parallel=2, grad_accum=4)
     resume_from(root / "tp2", 3, root / "dp2")
-    launch(root, "dp2", grad_accum=1)
+    launch(root, "dp2", 2, grad_accum=2)
     return root
 
 
@@ -61,7 +64,7 @@ def test_pipeline_checkpoint_holds_every_rank_shards_checksummed(chain):
     path = chain / "pp2" / "checkpoints" / f"{checkpoint.PREFIX}{STEPS:08d}"
     meta = checkpoint.verify(path)
     shards = sorted(n for n in meta.files if n.startswith("dcp/"))
-    assert shards == ["dcp/.metadata", "dcp/__0_0.distcp", "dcp/__1_0.distcp"]
+    assert shards == ["dcp/.metadata"] + [f"dcp/__{r}_0.distcp" for r in range(4)]
     assert "optimizer" not in torch.load(path / "train.pt")  # it is in the shards
     # Retention and numbering as for every run: one directory per step, nothing left over.
     names = sorted(p.name for p in (chain / "pp2" / "checkpoints").iterdir())
@@ -69,9 +72,9 @@ def test_pipeline_checkpoint_holds_every_rank_shards_checksummed(chain):
     # A damaged shard makes the checkpoint invalid for a resume.
     damaged = chain / "damaged"
     shutil.copytree(path, damaged)
-    with open(damaged / "dcp" / "__1_0.distcp", "r+b") as f:
+    with open(damaged / "dcp" / "__3_0.distcp", "r+b") as f:
         f.write(b"\0" * 16)
-    with pytest.raises(checkpoint.CheckpointError, match="__1_0.distcp"):
+    with pytest.raises(checkpoint.CheckpointError, match="__3_0.distcp"):
         checkpoint.verify(damaged)
 
 
@@ -87,6 +90,8 @@ def test_resumed_under_another_layout_logs_the_same_losses(chain, run, first):
     for name in a:
         torch.testing.assert_close(b[name], a[name], rtol=0, atol=2e-4, msg=name)
     log = (chain / run / "train.log").read_text()
+    if run == "tp2":  # A ran on 4 processes
+        assert "written by 4 processes, resumed by 2" in log
     assert f"resumed from {chain / run / 'checkpoints'}" in log
 
 
