@@ -192,7 +192,7 @@ class Trainer:
             "grad_scaler": self.scaler.state_dict(),  # {} unless fp16
         }
 
-    def save(self) -> Path | None:
+    def save(self) -> Path:
         """The checkpoint written (under a model-parallel layout, with every rank's shards)."""
         start = time.perf_counter()
         run = checkpoint.TrainingRun(
@@ -355,8 +355,8 @@ class Trainer:
                     return Outcome.PREEMPTED
         finally:
             self.health.stop()
-        if self.step > first_step and (path := self.save()) is not None:
-            self.log(f"saved {path}")
+        if self.step > first_step:
+            self.log(f"saved {self.save()}")
         self.evaluate()
         return Outcome.DONE
 
