@@ -301,11 +301,9 @@ class Checkpointer:
         return distributed.broadcast_object(found)
 
 
-def load(
-    path: Path, model, optimizer, rank: int, world_size: int = 1, sharded: bool = False
-) -> dict:
+def load(path: Path, model, optimizer, rank: int, sharded: bool = False) -> dict:
     """Restore model and optimizer from checkpoint `path`; return this rank's train state
-    (rank 0's when `world_size` differs from the writer's: a resume under another layout,
+    (rank 0's when the world size differs from the writer's: a resume under another layout,
     where per-rank random streams do not map and the rest is the same on every rank).
     `sharded`: `model` is one rank's part of a model-parallel layout, which reads dcp/ only."""
     train = torch.load(path / "train.pt", map_location="cpu")
@@ -323,6 +321,7 @@ def load(
         load_model_state(model, torch.load(path / "model.pt", map_location="cpu", mmap=True))
         load_optimizer_state(model, optimizer, train["optimizer"])
     ranks = train["ranks"]
+    world_size = torch.distributed.get_world_size() if distributed.active() else 1
     return ranks[rank] if len(ranks) == world_size else ranks[0]
 
 

@@ -234,12 +234,7 @@ class Trainer:
         try:
             position = resharded(meta.loader[0], self.loader.world_size, self.loader.rank)
             state = checkpoint.load(
-                path,
-                self.model,
-                self.optimizer,
-                self.env.rank,
-                self.env.world_size,
-                sharded=self.engine is not None,
+                path, self.model, self.optimizer, self.env.rank, sharded=self.engine is not None
             )
         except (ValueError, checkpoint.CheckpointError) as e:
             raise TrainingError(f"{path}: {e}") from e

@@ -102,7 +102,7 @@ def test_shards_load_into_one_process(chain):
     model = Transformer(meta.model, meta.vocab_size, ops=select_ops(False, "cpu"))
     # The learning rate and betas come from the checkpoint's param groups.
     optimizer = build_optimizer(model, trainer_config_pb2.OptimConfig(lr=0.0), "cpu")
-    checkpoint.load(path, model, optimizer, rank=0, world_size=1)
+    checkpoint.load(path, model, optimizer, rank=0)
     whole = torch.load(path / "model.pt")
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, whole[name], rtol=0, atol=0, msg=name)
