@@ -87,16 +87,19 @@ class Stage(nn.Module):
             x = block(x, cos, sin, mask, None, 0)
         if self.norm is None or self.output is None:
             return x, position_ids, document_ids
-        return self.output(self.norm(x)).float()  # a module call: FSDP's hooks gather it
+        return torch.nn.functional.linear(self.norm(x), self.output.weight).float()
 
 
 def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def stage_modules(part: Transformer, layout: ParallelLayout, pp_rank: int, layout_fn: LayoutFn):
-    """This rank's stages over `part`, in stage order (built with the engine, before any
-    data-parallel sharding wraps them: FSDP's root for a stage is its Stage module)."""
+def stage_modules(
+    part: Transformer, layout: ParallelLayout, pp_rank: int, layout_fn: LayoutFn
+) -> list[Stage]:
+    """This rank's stages over `part`, in stage order (built with the engine, before FSDP
+    shards them: each Stage module is the FSDP root of its embedding, norm and head, which it
+    gathers as its forward starts)."""
     total = layout.stages
     return [
         Stage(part, stage_layers(len(part.layers), layout, s), s == 0, s == total - 1, layout_fn)
