@@ -5,8 +5,8 @@
   pp2 (interleaved) x fsdp2 x tp2+sp   torchtitan's composition: FSDP over TP-split blocks,
                                         per pipeline stage, with sequence parallel
 
-Tolerances as every layout's (proving.py). Measured: ~70 s wall for the launch on 2 cores
-under load (8 processes; the larger share is starting them).
+Tolerances as every layout's (proving.py). Measured: 71-95 s on 2 cores at load average
+16-24 (8 processes; the larger share is starting them).
 """
 
 from pathlib import Path
