@@ -5,7 +5,7 @@
   pp2 (interleaved) x fsdp2 x tp2+sp   torchtitan's composition: FSDP over TP-split blocks,
                                         per pipeline stage, with sequence parallel
 
-Tolerances as every layout's (proving.py). Measured: 71-95 s on 2 cores at load average
+Tolerances as every layout's (proving.py). Measured: 41-95 s on 2 cores at load average
 16-24 (8 processes; the larger share is starting them).
 """
 
