@@ -6,7 +6,7 @@
                                         per pipeline stage, with sequence parallel
 
 Tolerances as every layout's (proving.py). Measured: 41-95 s on 2 cores at load average
-16-24 (8 processes; the larger share is starting them).
+7-24 (8 processes; the larger share is starting them).
 """
 
 from pathlib import Path
