@@ -370,12 +370,6 @@ def validate_layout(cfg: trainer_config_pb2.TrainerConfig, world_size: int) -> N
         "scaling runs in the data-parallel step only; use bf16",
     )
     _check(
-        t.parallelism != trainer_config_pb2.FSDP,
-        where + "parallelism",
-        f"FSDP is not combined with tensor/pipeline/context parallel yet ({lay.describe()}): "
-        "use DDP (the data-parallel dimension replicates)",
-    )
-    _check(
         m.n_heads % tp == 0, where + "tensor_parallel", f"{tp} does not divide n_heads {m.n_heads}"
     )
     _check(

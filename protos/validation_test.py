@@ -5,7 +5,7 @@ import math
 import pytest
 from google.protobuf import json_format
 
-from protos import job_pb2, trainer_config_pb2
+from protos import job_pb2, layout, trainer_config_pb2
 from protos.config_yaml import ConfigError
 from protos.validation import resolve_data, resolve_trainer, validate_job_spec
 
@@ -329,10 +329,6 @@ def layout_spec(processes: int = 4, **fields) -> job_pb2.JobSpec:
             },
             "trainer.train.pipeline_virtual_stages: 1 stages per rank",
         ),  # fmt: skip
-        (
-            {"train__tensor_parallel": 2, "train__parallelism": trainer_config_pb2.FSDP},
-            "trainer.train.parallelism: FSDP is not combined with tensor/pipeline/context",
-        ),
     ],
 )
 def test_layouts_that_cannot_run_name_the_field_and_numbers(fields, message):
@@ -386,3 +382,20 @@ def test_precook_tasks_are_for_a_precook_job_of_text():
     assert error(spec_with(kind=job_pb2.PRECOOK, trainer__data__tasks=0)).startswith(
         "trainer.data.tasks: 0 is not in"
     )
+
+
+def test_fsdp_composes_with_tensor_pipeline_and_context_parallel():
+    """The data-parallel dimension shards (trainer/parallel/shard.py) under any layout."""
+    cfg = validate_job_spec(
+        layout_spec(
+            16,
+            train__parallelism=trainer_config_pb2.FSDP,
+            train__tensor_parallel=2,
+            train__pipeline_parallel=2,
+            train__context_parallel=2,
+            train__grad_accum=2,
+            model__tie_embeddings=False,
+        )
+    )
+    lay = layout.from_train(cfg.train, 16)
+    assert lay.describe() == "pp2(ONE_F_ONE_Bx1) x fsdp2 x cp2 x tp2"

@@ -8,6 +8,13 @@ A checkpoint is a directory `step_00000050/` holding
 It is written into a temporary directory beside the others, every file fsynced, then renamed
 into place: a crash mid-save leaves the previous checkpoint as the newest complete one.
 Only rank 0 writes; every rank joins in gathering sharded (FSDP) state.
+
+Under a model-parallel layout (tensor, pipeline, context parallel: no rank holds the whole
+model) every rank also writes its shards of model and optimizer into `dcp/`, a distributed
+checkpoint (trainer/parallel/dcp.py), and train.pt holds no optimizer: a resume reads `dcp/`,
+under any layout (a pipeline run resumed with data parallel, or in one process), and model.pt
+is the whole model's weights for everything else that reads checkpoints. meta.json lists and
+checksums the shards like the other files. (Several nodes need a shared run directory.)
 """
 
 import dataclasses
@@ -19,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import torch
 from google.protobuf import json_format
@@ -28,8 +35,12 @@ from protos import trainer_config_pb2
 from protos.files import FileDigest, fsync_dir, json_bytes, sha256_file, write_bytes
 from trainer import distributed
 
+if TYPE_CHECKING:
+    from trainer.parallel.mesh import Mesh
+
 PREFIX = "step_"
 FILES = ("model.pt", "train.pt")
+DCP_DIR = "dcp"  # a model-parallel run's shards: <rank files> and .metadata
 
 
 class CheckpointError(RuntimeError):
@@ -112,6 +123,10 @@ def _save(obj, path: Path) -> FileDigest:
     return info
 
 
+def _digest(path: Path) -> FileDigest:
+    return FileDigest(sha256=sha256_file(str(path)), bytes=path.stat().st_size)
+
+
 def _state_options():
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -164,12 +179,15 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
 
 
 def verify(path: Path, files: tuple[str, ...] = FILES) -> CheckpointMeta:
-    """meta.json of checkpoint `path` after checking `files` against it; else CheckpointError."""
+    """meta.json of checkpoint `path` after checking `files` against it; else CheckpointError.
+    With `FILES` (what a resume reads), the distributed checkpoint's shards too."""
     try:
         data = json.loads((path / "meta.json").read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{path}: meta.json unreadable ({e})") from e
     meta = CheckpointMeta.from_json(data, path / "meta.json")
+    if files == FILES:
+        files += tuple(n for n in meta.files if n.startswith(DCP_DIR + "/"))
     for name in files:
         expected = meta.files.get(name)
         file = path / name
@@ -226,25 +244,37 @@ class Checkpointer:
         loader_position: dict[str, Any],
         run: TrainingRun,
         extra: dict[str, Any] | None = None,
+        mesh: "Mesh | None" = None,
     ) -> Path:
         """Collective: every rank calls it. `train_state` (RNG included) and `loader_position`
         (where its next batch starts) are this rank's. `extra`: more files (name -> object
-        for torch.save), checksummed like the others (a reward model's head.pt)."""
-        model_sd = model_state(model)
-        optim_sd = optimizer_state(model, optimizer)
-        ranks = distributed.gather_objects({"train": train_state, "loader": loader_position})
+        for torch.save), checksummed like the others (a reward model's head.pt). `mesh`: the
+        model-parallel layout's mesh (trainer/parallel/mesh.py): model and optimizer are then
+        written as shards into dcp/ by every rank, and model.pt gathered whole."""
         final = self.directory / f"{PREFIX}{step:08d}"
+        tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
         if self.is_main:
-            tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
+        train: dict[str, Any] = {}
+        if mesh is not None:
+            from trainer.parallel import dcp
+
+            tmp = distributed.broadcast_object(tmp)  # rank 0's: every rank writes into it
+            model_sd = dcp.full_weights(model, mesh.group("pp"))
+            dcp.save(tmp / DCP_DIR, model, optimizer)
+        else:
+            model_sd = model_state(model)
+            train["optimizer"] = optimizer_state(model, optimizer)
+        ranks = distributed.gather_objects({"train": train_state, "loader": loader_position})
+        if self.is_main:
+            train["ranks"] = [r["train"] for r in ranks]
             files = {
                 "model.pt": _save(model_sd, tmp / "model.pt"),
-                "train.pt": _save(
-                    {"optimizer": optim_sd, "ranks": [r["train"] for r in ranks]},
-                    tmp / "train.pt",
-                ),
+                "train.pt": _save(train, tmp / "train.pt"),
             }
+            for shard in sorted((tmp / DCP_DIR).glob("*")):
+                files[f"{DCP_DIR}/{shard.name}"] = _digest(shard)
             for name, obj in (extra or {}).items():
                 files[name] = _save(obj, tmp / name)
             meta = CheckpointMeta(
@@ -271,12 +301,28 @@ class Checkpointer:
         return distributed.broadcast_object(found)
 
 
-def load(path: Path, model, optimizer, rank: int) -> dict:
-    """Restore model and optimizer from checkpoint `path`; return this rank's train state."""
-    load_model_state(model, torch.load(path / "model.pt", map_location="cpu", mmap=True))
+def load(path: Path, model, optimizer, rank: int, sharded: bool = False) -> dict:
+    """Restore model and optimizer from checkpoint `path`; return this rank's train state
+    (rank 0's when the world size differs from the writer's: a resume under another layout,
+    where per-rank random streams do not map and the rest is the same on every rank).
+    `sharded`: `model` is one rank's part of a model-parallel layout, which reads dcp/ only."""
     train = torch.load(path / "train.pt", map_location="cpu")
-    load_optimizer_state(model, optimizer, train["optimizer"])
-    return train["ranks"][rank]
+    if (path / DCP_DIR).is_dir():
+        from trainer.parallel import dcp
+
+        dcp.load(path / DCP_DIR, model, optimizer)
+    elif sharded:
+        raise CheckpointError(
+            f"{path}: written whole (single process, DDP or FSDP); a tensor/pipeline/context "
+            "parallel layout resumes from a distributed checkpoint (dcp/): resume this one "
+            "with the layout that wrote it"
+        )
+    else:
+        load_model_state(model, torch.load(path / "model.pt", map_location="cpu", mmap=True))
+        load_optimizer_state(model, optimizer, train["optimizer"])
+    ranks = train["ranks"]
+    world_size = torch.distributed.get_world_size() if distributed.active() else 1
+    return ranks[rank] if len(ranks) == world_size else ranks[0]
 
 
 def load_model(path: Path, device, use_kernels: bool = True) -> tuple[Any, CheckpointMeta]:

@@ -112,6 +112,8 @@ class Trainer:
             cfg.model.dim // cfg.model.n_heads,
             cfg.data.seq_len,
         )
+        # Counted whole, before a pipeline layout keeps only this rank's stages.
+        n_params, n_matmul = sum(p.numel() for p in model.parameters()), model.matmul_params()
         if t.compile:
             for block in model.layers:
                 block.compile()
@@ -173,8 +175,8 @@ class Trainer:
         self.stop_requested: Callable[[], bool] = lambda: False
         ops = "Triton kernels" if model.ops.__name__ == "kernels" else "PyTorch reference ops"
         log(
-            f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters "
-            f"({model.matmul_params() / 1e6:.2f} M in matmuls), {ops}, {self.dtype}, "
+            f"model: {n_params / 1e6:.2f} M parameters "
+            f"({n_matmul / 1e6:.2f} M in matmuls), {ops}, {self.dtype}, "
             f"{self.parallelism} on {env.world_size} x {self.device.type}, "
             f"{self.flops_per_token / 1e6:.1f} MFLOP/token, "
             f"peak {self.metrics.peak / 1e12:.3g} TFLOP/s ({self.metrics.basis})"
@@ -193,13 +195,8 @@ class Trainer:
             "grad_scaler": self.scaler.state_dict(),  # {} unless fp16
         }
 
-    def save(self) -> Path | None:
-        """The checkpoint written, or None under pipeline parallel: each rank holds only its
-        stages, and the full-state format here needs them on rank 0 (trainer/parallel/dcp.py
-        writes sharded checkpoints that load across layouts; the loop does not use it yet)."""
-        if self.layout.pp > 1:
-            self.log(f"checkpoint: not written under {self.layout.describe()}")
-            return None
+    def save(self) -> Path:
+        """The checkpoint written (under a model-parallel layout, with every rank's shards)."""
         start = time.perf_counter()
         run = checkpoint.TrainingRun(
             kind=job_pb2.JobKind.Name(self.kind),
@@ -209,7 +206,13 @@ class Trainer:
             world_size=self.env.world_size,
         )
         path = self.checkpointer.save(
-            self.step, self.model, self.optimizer, self.train_state(), self.loader_position, run
+            self.step,
+            self.model,
+            self.optimizer,
+            self.train_state(),
+            self.loader_position,
+            run,
+            mesh=self.engine.mesh if self.engine else None,
         )
         self.goodput.add("checkpoint_save", time.perf_counter() - start)
         self.goodput.checkpointed()
@@ -226,13 +229,23 @@ class Trainer:
         """Load checkpoint `path`. A resume also restores the data position and RNG; a
         rollback keeps the loader where it is, so the batches that caused it are skipped.
         `badput`: the goodput bucket the rolled-back progress goes to."""
+        from trainer.data.loader import resharded
+
         start = time.perf_counter()
-        if meta.world_size != self.env.world_size:
-            raise TrainingError(
-                f"{path}: written by {meta.world_size} processes, resuming with "
-                f"{self.env.world_size}; the data order cannot continue exactly"
+        # The same checkpoint resumes under another layout (trainer/parallel/dcp.py): the
+        # loader's position is re-expressed for this run's data-parallel ranks.
+        try:
+            position = resharded(meta.loader[0], self.loader.world_size, self.loader.rank)
+            state = checkpoint.load(
+                path, self.model, self.optimizer, self.env.rank, sharded=self.engine is not None
             )
-        state = checkpoint.load(path, self.model, self.optimizer, self.env.rank)
+        except (ValueError, checkpoint.CheckpointError) as e:
+            raise TrainingError(f"{path}: {e}") from e
+        if meta.world_size != self.env.world_size:
+            self.log(
+                f"{path}: written by {meta.world_size} processes, resumed by "
+                f"{self.env.world_size} ({self.parallelism})"
+            )
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = meta.step
         if rollback:
@@ -241,7 +254,7 @@ class Trainer:
             self.guard.skipped, self.guard.rollbacks = counters
             self.goodput.rolled_back(badput)
         else:
-            self.loader.load_state_dict(meta.loader[self.env.rank])
+            self.loader.load_state_dict(position)
             set_rng_state(state["rng"], self.device)
             self.guard.load_state_dict(state["guard"])
             self.noise.load_state_dict(state["noise"])
@@ -337,8 +350,8 @@ class Trainer:
                     return Outcome.PREEMPTED
         finally:
             self.health.stop()
-        if self.step > first_step and (path := self.save()) is not None:
-            self.log(f"saved {path}")
+        if self.step > first_step:
+            self.log(f"saved {self.save()}")
         self.evaluate()
         return Outcome.DONE
 

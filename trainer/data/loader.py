@@ -132,3 +132,19 @@ class PackedRowLoader:
                 )
         self.epoch, self._batch = int(state["epoch"]), int(state["batch"])
         self._order = self._epoch_order(self.epoch)
+
+
+def resharded(state: dict, world_size: int, rank: int) -> dict:
+    """A saved position (any rank's `state_dict()`) for rank `rank` of `world_size` ranks: a
+    run resumed under another data-parallel degree reads on from the same global batch. Ranks
+    advance in lockstep, so `batch` per rank is `batch * world_size` global batches into the
+    epoch; ValueError if the new ranks cannot start there together. (Only an epoch's padded
+    tail differs: it is filled up to a multiple of the number of ranks.)"""
+    consumed = int(state["batch"]) * int(state["world_size"])
+    if consumed % world_size:
+        raise ValueError(
+            f"the loader position ({consumed} global batches into epoch {state['epoch']}, "
+            f"{state['world_size']} data-parallel ranks) is not a whole round of {world_size} "
+            "ranks: the data order cannot continue exactly"
+        )
+    return {**state, "world_size": world_size, "rank": rank, "batch": consumed // world_size}

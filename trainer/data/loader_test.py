@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trainer.data import testdata
-from trainer.data.loader import PackedRowLoader
+from trainer.data.loader import PackedRowLoader, resharded
 from trainer.data.precook import precook_dataset
 
 
@@ -149,3 +149,20 @@ def test_padding_rows_are_masked(datasets):
         assert (batch["labels"][pad] == -100).all()
         assert (batch["input_ids"][pad] == 2).all()  # <|pad|>
         assert np.all(np.diff(pad.int().numpy(), axis=1) >= 0)  # padding only at the end
+
+
+def test_a_position_resharded_for_other_ranks_reads_on_from_the_same_global_batch(datasets):
+    """Four steps of one rank (2 batches a step), resumed by 2 ranks: rank r's next batch is
+    the one-rank loader's batch 4 + r, the next round 6 + r."""
+    path = datasets["BEST_FIT"]
+    one = PackedRowLoader(path, "train", batch_size=2, seed=4)
+    after = [rows_of(b) for b in take(one, 8)]
+    resumed = PackedRowLoader(path, "train", batch_size=2, seed=4)
+    take(resumed, 4)
+    for r in range(2):
+        two = PackedRowLoader(path, "train", batch_size=2, seed=4, rank=r, world_size=2)
+        two.load_state_dict(resharded(resumed.state_dict(), 2, r))
+        assert [rows_of(b) for b in take(two, 2)] == [after[4 + r], after[6 + r]]
+    take(resumed, 1)
+    with pytest.raises(ValueError, match="not a whole round of 2 ranks"):
+        resharded(resumed.state_dict(), 2, 0)

@@ -2,9 +2,10 @@
 
 `Engine` takes a freshly built Transformer (every rank builds the same one from the seed) and
 applies, in place: pipeline (keep this rank's stages), tensor (+ sequence) parallel, context
-parallel. `forward_backward` runs the micro-batches of one step and leaves each weight's
-gradient of (summed loss / global token count) on the rank that owns it; `clip` then measures
-and clips the global norm. The optimizer steps `engine.part`'s parameters as usual.
+parallel, FSDP over the data-parallel dimension (shard.py). `forward_backward` runs the
+micro-batches of one step and leaves each weight's gradient of (summed loss / global token
+count) on the rank that owns it; `clip` then measures and clips the global norm. The
+optimizer steps `engine.part`'s parameters as usual.
 """
 
 from typing import Any
@@ -13,8 +14,9 @@ import torch
 from torch import nn
 
 from protos.layout import ParallelLayout
+from trainer.distributed import gradient_sync
 from trainer.model import Layout, Transformer, attention_layout
-from trainer.parallel import context, grads, pipeline, tensor
+from trainer.parallel import context, grads, pipeline, shard, tensor
 from trainer.parallel.mesh import Mesh
 
 
@@ -33,6 +35,17 @@ class Engine:
         tensor.apply(model, mesh["tp"], lay.sequence_parallel)
         if lay.cp > 1:
             context.apply(model, mesh.group("cp"))
+        self.stages = (
+            pipeline.stage_modules(model, lay, self.pp_rank, self.attention_layout)
+            if lay.pp > 1
+            else []
+        )
+        self.sharded = lay.fsdp and lay.dp > 1
+        if self.sharded:
+            shard.apply(model, self.stages or [model], mesh["dp"], dtype)
+        # Gradients FSDP has not already summed: over data and context parallel, or context
+        # parallel alone when FSDP reduce-scattered over data parallel.
+        self.replicas = mesh.group("cp") if self.sharded else mesh.replicas.get_group()
         self.part: nn.Module = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.loss_scale = 1.0
@@ -59,10 +72,11 @@ class Engine:
         batches = [{k: v.to(self.device) for k, v in b.items()} for b in batches]
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         if self.layout.pp == 1:
-            for b in batches:
+            for k, b in enumerate(batches):
                 mask = self.attention_layout(b["document_ids"])
-                loss = self.part(b["input_ids"], b["position_ids"], mask, b["labels"])
-                (loss / n_tokens).backward()
+                with gradient_sync(self.part, k == len(batches) - 1):  # FSDP: the last only
+                    loss = self.part(b["input_ids"], b["position_ids"], mask, b["labels"])
+                    (loss / n_tokens).backward()
                 loss_sum += loss.detach()
         else:
             self.loss_scale = 1.0 / n_tokens
@@ -70,13 +84,13 @@ class Engine:
             if self.schedule is None:
                 self.schedule = pipeline.build_schedule(
                     self.part,
+                    self.stages,
                     self.layout,
                     self.pp_rank,
                     self.mesh.group("pp"),
                     batches[0],
                     self.n_microbatches,
                     self._pipeline_loss,
-                    self.attention_layout,
                 )
             losses: list[torch.Tensor] = []
             self.schedule.step(
@@ -88,7 +102,7 @@ class Engine:
             )
             for loss in losses:  # only on the rank of the last stage
                 loss_sum += loss.detach().double() * n_tokens
-        grads.sum_over(self.params, self.mesh.replicas.get_group())
+        grads.sum_over(self.params, self.replicas)
         return loss_sum / self.layout.tp
 
     def clip(self, max_norm: float) -> float:

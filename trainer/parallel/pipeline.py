@@ -94,17 +94,30 @@ def _meta(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
+def stage_modules(
+    part: Transformer, layout: ParallelLayout, pp_rank: int, layout_fn: LayoutFn
+) -> list[Stage]:
+    """This rank's stages over `part`, in stage order (built with the engine, before FSDP
+    shards them: each Stage module is the FSDP root of its embedding, norm and head, which it
+    gathers as its forward starts)."""
+    total = layout.stages
+    return [
+        Stage(part, stage_layers(len(part.layers), layout, s), s == 0, s == total - 1, layout_fn)
+        for s in stage_ids(layout, pp_rank)
+    ]
+
+
 def build_schedule(
     part: Transformer,
+    modules: list[Stage],
     layout: ParallelLayout,
     pp_rank: int,
     group,
     micro_batch: dict[str, torch.Tensor],
     n_microbatches: int,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-    layout_fn: LayoutFn,
 ):
-    """The schedule that runs this rank's stages; `schedule.step(...)` is one step.
+    """The schedule that runs this rank's stage `modules`; `schedule.step(...)` is one step.
 
     `micro_batch`: one micro-batch as this rank feeds it (its shapes are the stages' input
     shapes: the stages are told them rather than inferring them from a trial forward, which
@@ -118,15 +131,13 @@ def build_schedule(
     hidden = _meta((rows, hidden_seq, dim), torch.float32).requires_grad_()
     side = (_meta(tuple(positions.shape), positions.dtype), _meta(tuple(docs.shape), docs.dtype))
     stages = []
-    for s in stage_ids(layout, pp_rank):
+    for s, module in zip(stage_ids(layout, pp_rank), modules, strict=True):
         first, last = s == 0, s == total - 1
         inputs = (_meta((rows, seq), ids.dtype) if first else hidden, *side)
         outputs = (_meta((rows, seq, vocab), torch.float32),) if last else (hidden, *side)
-        module = Stage(part, stage_layers(len(part.layers), layout, s), first, last, layout_fn)
-        device = ids.device
         stages.append(
             PipelineStage(
-                module, s, total, device, input_args=inputs, output_args=outputs, group=group
+                module, s, total, ids.device, input_args=inputs, output_args=outputs, group=group
             )
         )
     if layout.schedule is Schedule.INTERLEAVED_1F1B:

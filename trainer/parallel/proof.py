@@ -51,13 +51,15 @@ def optim_config() -> trainer_config_pb2.OptimConfig:
 
 
 def parse(name: str, world_size: int) -> ParallelLayout:
-    """`tp2`, `tp2+sp`, `cp2`, `pp2:GPIPE`, `pp2:INTERLEAVED_1F1B`, `dp4`, joined by `,`
-    (`pp2:ONE_F_ONE_B,tp2+sp`); the data-parallel degree fills the world size."""
+    """`tp2`, `tp2+sp`, `cp2`, `pp2:GPIPE`, `pp2:INTERLEAVED_1F1B`, `dp4`, `fsdp2`, joined by
+    `,` (`pp2:ONE_F_ONE_B,tp2+sp`); the data-parallel degree fills the world size."""
     fields: dict = {}
     for part in name.split(","):
         kind, _, schedule = part.partition(":")
         if kind.endswith("+sp"):
             fields["sequence_parallel"], kind = True, kind[:-3]
+        if kind.startswith("fsdp"):  # the data-parallel dimension shards
+            fields["fsdp"], kind = True, "dp" + kind[4:]
         fields[kind[:2]] = int(kind[2:])
         if schedule:
             fields["schedule"] = Schedule(schedule)
@@ -145,19 +147,6 @@ def wire_labels(m: mesh.Mesh) -> dict[tuple[int, ...], str]:
     return labels
 
 
-def full_weights(part: torch.nn.Module, pp_group: dist.ProcessGroup) -> dict:
-    """The whole model's weights on every rank: DTensor shards gathered, pipeline parts
-    merged."""
-    mine = {}
-    for name, value in part.state_dict().items():
-        if hasattr(value, "full_tensor"):
-            value = value.full_tensor()
-        mine[name] = value.detach().clone()
-    parts: list[dict] = [{} for _ in range(dist.get_world_size(pp_group))]
-    dist.all_gather_object(parts, mine, group=pp_group)
-    return {k: v for p in parts for k, v in p.items()}
-
-
 def train(lay: ParallelLayout, steps: range, engine: Engine | None = None, optimizer=None):
     """(engine, optimizer, per-step losses, norms, bytes rank 0 sent in step 1 by mesh
     dimension) after `steps` under `lay`."""
@@ -202,7 +191,7 @@ def run(name: str, out: Path) -> None:
         dcp.load(path, engine.part, optimizer)
         engine, _, more, more_norms, _ = train(lay, range(STEPS - 1, STEPS), engine, optimizer)
         losses, norms = losses + more, norms + more_norms
-    weights = full_weights(engine.part, engine.mesh.group("pp"))
+    weights = dcp.full_weights(engine.part, engine.mesh.group("pp"))
     if dist.get_rank() == 0:
         torch.save(weights, out / f"{name}.weights.pt")
         record = {"layout": lay.describe(), "losses": losses, "grad_norms": norms}

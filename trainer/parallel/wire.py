@@ -75,6 +75,10 @@ class WireCounter(TorchDispatchMode):
             self._add(args[1], 2 * (n - 1) / n * _bytes(args[0]))
         elif name == "allgather_":
             self._add(args[2], (_size(args[2]) - 1) * _bytes(args[1]))
+        elif name == "_allgather_base_":  # FSDP's all-gather: (output, input, group, ...)
+            self._add(args[2], (_size(args[2]) - 1) * _bytes(args[1]))
+        elif name == "_reduce_scatter_base_":  # FSDP's reduce-scatter: (output, input, ...)
+            self._add(args[2], (_size(args[2]) - 1) / _size(args[2]) * _bytes(args[1]))
         elif name == "alltoall_base_":
             self._add(args[2], (_size(args[2]) - 1) / _size(args[2]) * _bytes(args[1]))
         elif name == "send":
