@@ -5,7 +5,9 @@ decoding); the runs are packed into one row, so the projections and the MLP of a
 are one matmul each: that is where batching pays. Attention is per sequence: its queries, and
 its whole context gathered from the block pool (kv_cache.py), padded to the step's longest.
 The model's own modules (norms, projections, rotary tables, MLP) do the arithmetic, so the
-numbers are the `generate` job's up to float rounding.
+numbers are the `generate` job's up to float rounding. A VLM's image positions take the
+projected image vectors as their input instead of token embeddings (trainer/vlm/model.py's
+layout: the image first, then the text), and are cached in blocks like any position.
 """
 
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ class Run:
     tokens: list[int]
     start: int
     table: list[int]
+    image: torch.Tensor | None = None  # input vectors of the run's first positions (a VLM's)
 
 
 class StepBatch:
@@ -60,6 +63,14 @@ class StepBatch:
         self.row, self.col = self.row.to(device), self.col.to(device)
         self.shape = (batch, max_new)
         self.last = (lengths.cumsum(0) - 1).to(device)  # each run's last token
+        # Image positions of the packed row, and their vectors (which replace the embeddings
+        # of the placeholder ids there).
+        offsets = (lengths.cumsum(0) - lengths).tolist()
+        images = [(o, r.image) for o, r in zip(offsets, runs, strict=True) if r.image is not None]
+        self.image_at = torch.tensor(
+            [o + j for o, image in images for j in range(len(image))], device=device
+        )
+        self.image = torch.cat([image for _, image in images]) if images else None
 
 
 def _attention(attn, x, cos, sin, step: StepBatch, cache: PagedKVCache, layer: int):
@@ -90,6 +101,8 @@ def forward_step(model: Transformer, runs: list[Run], cache: PagedKVCache) -> to
     step = StepBatch(runs, cache, device)
     cos, sin = model.rope.cos_sin(step.positions)
     x = model.tok_embeddings(step.ids)
+    if step.image is not None:
+        x[0, step.image_at] = step.image.to(x.dtype)
     for i, block in enumerate(model.layers):
         h = x + _attention(block.attention, block.attention_norm(x), cos, sin, step, cache, i)
         x = h + block.feed_forward(block.ffn_norm(h))
