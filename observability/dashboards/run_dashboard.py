@@ -30,7 +30,6 @@ GOODPUT = _series("kitchen_train_goodput_ratio")
 MEMORY = _series("kitchen_train_peak_memory_bytes")
 RESTARTS = _series("kitchen_job_attempts_total") + " - 1"
 PROGRESS = _series("kitchen_train_step") + " / " + _series("kitchen_train_total_steps")
-IMAGE_SHARE = f'kitchen_train_image_token_share_ratio{{{JOB}, kind="vlm"}}'  # #16
 
 
 def _glance(title: str, description: str, unit: str, expr: str) -> stat.Panel:
@@ -179,9 +178,9 @@ def build() -> Dashboard:
                 "Image-token share (VLM)",
                 "Share of a VLM job's batch tokens that are image tokens (docs/vlm.md). Each "
                 "also cost the vision encoder's FLOPs, so a rising share makes steps slower at "
-                "the same token count; pixel_shuffle divides it. Text jobs are not shown.",
+                "the same token count; pixel_shuffle divides it. Text jobs stay at 0.",
                 "percentunit",
-                [target(IMAGE_SHARE, LEGEND)],
+                [target(_series("kitchen_train_image_token_share_ratio"), LEGEND)],
                 min_value=0,
                 max_value=1,
             )
