@@ -10,6 +10,10 @@ takes KV-cache blocks only as it grows. When a decoding request needs a block an
 free, the newest running request is preempted: its blocks are freed and it goes back to the
 front of the queue, to be recomputed (prompt + what it generated so far, as a prefill) when
 blocks free up. Nothing is dropped; its generated tokens and its sampler's state are kept.
+
+A served VLM's request carries an image (#16): the step that first schedules it runs the
+encoder over every new image in one batch, and the projected vectors fill the request's first
+positions as it prefills, chunked and cached in blocks like text, kept across a preemption.
 """
 
 import enum

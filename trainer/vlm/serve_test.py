@@ -4,7 +4,6 @@ chat request holding an image, called with the official `openai` client, exactly
 requests; the engine batches image and text requests, through preemption, without changing an
 answer; bad images are HTTP 400 naming the field."""
 
-import base64
 import http.client
 import io
 import json
@@ -30,6 +29,7 @@ from trainer.serve.testing import serve_config, wait_for_endpoint
 from trainer.testing import start_trainer, write_job
 from trainer.vlm import job as vlm_jobs
 from trainer.vlm import scenes
+from trainer.vlm.ask import data_url, image_message
 from trainer.vlm.generate import generate
 from trainer.vlm.testing import vlm_job, write_scenes
 
@@ -44,15 +44,6 @@ def scene_png(seed: int) -> bytes:
     """A fresh scene, rendered 4x larger than the model's images: the server resizes it."""
     scene = scenes.random_scene(random.Random(seed), 64)
     return scenes.png_bytes(scenes.render(scene, 64))
-
-
-def data_url(png: bytes, media: str = "image/png") -> str:
-    return f"data:{media};base64,{base64.b64encode(png).decode()}"
-
-
-def image_message(url: str, text: str = QUESTION) -> dict:
-    parts = [{"type": "image_url", "image_url": {"url": url}}, {"type": "text", "text": text}]
-    return {"role": "user", "content": parts}
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +101,7 @@ def test_served_answer_about_an_image_is_generates(client, reference):
     want = greedy(reference, png)
     assert want.strip(), "the model answers words: the comparison below means something"
     got = client.chat.completions.create(
-        model=NAME, messages=[image_message(data_url(png))], max_tokens=MAX_TOKENS, temperature=0
+        model=NAME, messages=[image_message(png, QUESTION)], max_tokens=MAX_TOKENS, temperature=0
     )
     assert got.choices[0].message.content == want
     _, tok = reference
@@ -124,7 +115,7 @@ def test_among_text_requests_the_answers_stay_the_same(client, reference):
     text_message = {"role": "user", "content": QUESTION}
 
     def ask(i: int) -> None:  # even: an image and the question; odd: the question alone
-        message = image_message(data_url(pngs[i // 2])) if i % 2 == 0 else text_message
+        message = image_message(pngs[i // 2], QUESTION) if i % 2 == 0 else text_message
         got = client.chat.completions.create(
             model=NAME, messages=[message], max_tokens=MAX_TOKENS, temperature=0
         )

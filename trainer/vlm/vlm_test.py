@@ -115,3 +115,16 @@ def test_bad_configs_exit_2_naming_the_field(trained, tmp_path, capsys, change, 
     job = write_job(tmp_path / "bad.yaml", vlm_job(root, kind=kind, **change))
     assert main.main(["--config", str(job), "--run-dir", str(root / "run")]) == ExitCode.BAD_CONFIG
     assert field in capsys.readouterr().err
+
+
+def test_a_text_job_given_the_vlm_checkpoint_exits_2_naming_it(trained, capsys):
+    """Without the image data and vision section (here: text generate), the checkpoint is
+    refused by name, not half-loaded into a text model."""
+    _, root = trained
+    path = sorted((root / "run" / "checkpoints").glob("step_*"))[-1]
+    job = vlm_job(root, kind="GENERATE", data={"format": "JSONL"}, checkpoint={"path": str(path)})
+    job["trainer"]["generate"] = {"prompt": "question:", "max_new_tokens": 2}
+    config = write_job(root / "text_gen.yaml", job)
+    assert main.main(["--config", str(config)]) == ExitCode.BAD_CONFIG
+    err = capsys.readouterr().err
+    assert "trainer.checkpoint.path" in err and "is a VLM checkpoint" in err
