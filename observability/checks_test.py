@@ -43,6 +43,7 @@ def test_job_id_and_the_scrape_job_label_do_not_collide(prometheus):
         ("j-0002", "kitchen-launcher"),
         ("j-0003", "kitchen-launcher"),
         ("j-0004", "kitchen-launcher"),
+        ("j-0005", "kitchen-launcher"),
     ]
     assert prometheus_api.instant_query(prometheus, 'up{job="kitchen-launcher"} == 1')
     assert not prometheus_api.instant_query(prometheus, '{exported_job!=""}')

@@ -36,6 +36,7 @@ class SimulatedJob:
     step: int = 0
     diverged: bool = False  # set to make the loss NaN from the next step on
     moe_experts: int = 0  # > 0: a mixture-of-experts job, reporting routing per layer
+    image_token_share: float = 0.0  # #16: a VLM job's share of image tokens per batch
 
 
 def simulated_ranks(step_time: float, rng: random.Random) -> list[progress_pb2.RankHealth]:
@@ -100,6 +101,16 @@ def default_fleet() -> list[SimulatedJob]:
             mfu=0.02,
             peak_memory_bytes=800_000_000,
             padding_fraction=0.2,
+        ),
+        # #16: a VLM stage (docs/vlm.md's finetune: 57% image tokens, 29% padding).
+        SimulatedJob(
+            _job("j-0005", "scenes-vlm", job_pb2.VLM, "cpu", "ml", attempts=1),
+            step_seconds=0.6,
+            tokens_per_step=640,
+            mfu=0.1,
+            peak_memory_bytes=560_000_000,
+            padding_fraction=0.29,
+            image_token_share=0.57,
         ),
     ]
 
@@ -200,6 +211,7 @@ class SimulatedFleet:
             mfu=sim.mfu * sim.step_seconds / step_time,
             peak_memory_bytes=sim.peak_memory_bytes,
             padding_fraction=sim.padding_fraction,
+            image_token_share=sim.image_token_share,
             goodput=min(0.97, 0.5 + sim.step / 400),
             tokens_total=sim.tokens_per_step * sim.step,
             ranks=simulated_ranks(step_time, rng),

@@ -331,6 +331,11 @@ def load_model(path: Path, device, use_kernels: bool = True) -> tuple[Any, Check
 
     path = Path(path)
     meta = verify(path, files=("model.pt",))
+    if meta.kind == "VLM":  # #16: its encoder and projector need the vision section
+        raise CheckpointError(
+            f"{path} is a VLM checkpoint: read it with its image data (trainer.data.format "
+            "JSONL_IMAGE or IMAGE_DIR) and the trainer.vision section it was trained with"
+        )
     model = Transformer(meta.model, meta.vocab_size, ops=select_ops(use_kernels, device))
     model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", mmap=True))
     return model.to(device).eval(), meta

@@ -173,6 +173,18 @@ def build() -> Dashboard:
                 max_value=1,
             )
         )
+        .with_panel(  # #16
+            timeseries_panel(
+                "Image-token share (VLM)",
+                "Share of a VLM job's batch tokens that are image tokens (docs/vlm.md). Each "
+                "also cost the vision encoder's FLOPs, so a rising share makes steps slower at "
+                "the same token count; pixel_shuffle divides it. Text jobs stay at 0.",
+                "percentunit",
+                [target(_series("kitchen_train_image_token_share_ratio"), LEGEND)],
+                min_value=0,
+                max_value=1,
+            )
+        )
         .with_panel(
             timeseries_panel(
                 "Gradient norm",

@@ -28,6 +28,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from typing import IO
 
 import numpy as np
 
@@ -111,12 +112,13 @@ def read_records(cfg: TrainerConfig) -> tuple[str, str, list[ImageRecord]]:
     return description, root, out
 
 
-def load_image(path: str, size: int) -> np.ndarray:
-    """(size, size, 3) uint8: RGB, shorter side resized to `size`, center-cropped. OSError or
-    PIL's errors for a file that is not a readable image."""
+def load_image(source: str | IO[bytes], size: int) -> np.ndarray:
+    """(size, size, 3) uint8: RGB, shorter side resized to `size`, center-cropped. `source` is
+    a path or the bytes of an image file (a served request's image: trainer/serve/images.py).
+    OSError or PIL's errors for what is not a readable image."""
     from PIL import Image
 
-    with Image.open(path) as f:
+    with Image.open(source) as f:
         im = f.convert("RGB")
         w, h = im.size
         scale = size / min(w, h)

@@ -3,7 +3,8 @@
 
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with `param`
 naming the field: 400 for bad input (malformed JSON included: FastAPI's 422 is turned into
-400), 404 for an unknown model, 429 when the queue is full, 503 while draining.
+400; an image the model cannot take: trainer/serve/images.py), 404 for an unknown model, 429
+when the queue is full, 503 while draining.
 """
 
 import asyncio
@@ -17,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -25,6 +27,14 @@ from pydantic import BaseModel, Field
 
 from trainer.serve.engine import Output, SamplingParams
 from trainer.serve.engine import Request as EngineRequest
+from trainer.serve.images import (
+    IMAGE_PLACEHOLDER,
+    ImageInputError,
+    ImagePart,
+    PromptImages,
+    content_parts,
+    request_image,
+)
 from trainer.serve.runner import Draining, EngineRunner, Overloaded
 
 
@@ -58,7 +68,7 @@ class CompletionRequest(_Sampling):
 
 class Message(BaseModel):
     role: Literal["system", "user", "assistant"]
-    content: str
+    content: str | list[dict[str, Any]]  # a string, or OpenAI's content parts (text, image_url)
 
 
 class ChatRequest(_Sampling):
@@ -66,13 +76,22 @@ class ChatRequest(_Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
 
-def chat_prompt(messages: list[Message]) -> str:
+def chat_prompt(messages: list[Message]) -> tuple[str, list[ImagePart]]:
     """The SFT chat format (trainer/data/tokenized.py lays a record out as `<bos> prompt
     response <eos>`, no separator, no role tags): the turns' texts joined in order. The last
-    turn must be the user's; the model's answer follows it, ended by <eos>."""
+    turn must be the user's; the model's answer follows it, ended by <eos>. With the text, the
+    image parts of every turn, in order."""
     if messages[-1].role != "user":
         raise ApiError(400, "the last message must be the user's", "messages")
-    return "".join(m.content for m in messages)
+    texts, images = [], []
+    for i, m in enumerate(messages):
+        try:
+            text, parts = content_parts(m.content, f"messages[{i}].content")
+        except ImageInputError as e:
+            raise ApiError(400, str(e), e.param) from None
+        texts.append(text)
+        images += parts
+    return "".join(texts), images
 
 
 @dataclass(frozen=True)
@@ -84,6 +103,7 @@ class ServedModel:
     bos_id: int
     max_len: int
     created: int
+    images: PromptImages | None = None  # a VLM's; None: a text model
 
 
 def _error(e: ApiError) -> JSONResponse:
@@ -160,19 +180,36 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await _serve(body, body.prompt, "prompt", request, chat=False)
+        return await _serve(body, body.prompt, "prompt", request, chat=False, images=[])
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Any:
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
-        return await _serve(body, chat_prompt(body.messages), "messages", request, chat=True)
+        text, images = chat_prompt(body.messages)
+        return await _serve(body, text, "messages", request, chat=True, images=images)
 
-    async def _serve(body: _Sampling, text: str, field: str, request: Request, chat: bool):
+    async def _serve(
+        body: _Sampling,
+        text: str,
+        field: str,
+        request: Request,
+        chat: bool,
+        images: list[ImagePart],
+    ) -> Any:
         if body.model != model.name:
             problem = f"model {body.model!r} does not exist: this server serves {model.name!r}"
             raise ApiError(404, problem, "model", "model_not_found")
-        prompt = [model.bos_id, *model.encode(text)]  # documents start with BOS
+        try:  # decoding is Pillow's work: off the event loop
+            pixels = await asyncio.to_thread(request_image, images, model.images)
+        except ImageInputError as e:
+            raise ApiError(400, str(e), e.param) from None
+        # Documents start with BOS; a VLM's image goes before it (its training rows' layout).
+        prompt = [model.bos_id, *model.encode(text)]
+        image = None
+        if pixels is not None and model.images is not None:
+            image = torch.from_numpy(pixels.copy())
+            prompt = [IMAGE_PLACEHOLDER] * model.images.tokens + prompt
         room = model.max_len - len(prompt)
         if room < 1:
             problem = f"{field}: {len(prompt)} tokens; the model's context is {model.max_len}"
@@ -198,7 +235,7 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
             mailbox.put(outputs, out)
 
         try:
-            runner.submit(EngineRequest(rid, prompt, params), deliver)
+            runner.submit(EngineRequest(rid, prompt, params, image=image), deliver)
         except Overloaded as e:
             raise ApiError(429, str(e), None, "rate_limit_exceeded") from e
         except Draining as e:

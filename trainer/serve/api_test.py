@@ -143,6 +143,20 @@ def test_bad_input_is_a_400_naming_the_field(server, body, param):
     assert reply["error"]["param"] == param and param in reply["error"]["message"]
 
 
+def test_text_parts_are_the_text_and_an_image_is_400_for_a_text_model(client, model, server):
+    parts = [{"type": "text", "text": "what is "}, {"type": "text", "text": "a block"}]
+    got = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": parts}], max_tokens=20, temperature=0
+    )
+    assert got.choices[0].message.content == greedy_text(model, "what is a block", 20)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    message = {"role": "user", "content": [parts[0], image]}
+    status, reply = post(server, "/v1/chat/completions", {"model": "tiny", "messages": [message]})
+    param = "messages[0].content[1].image_url.url"
+    assert status == 400 and reply["error"]["param"] == param
+    assert "text model" in reply["error"]["message"]
+
+
 def test_bad_chat_and_unknown_model_and_malformed_json(server):
     status, reply = post(
         server,

@@ -10,6 +10,10 @@ takes KV-cache blocks only as it grows. When a decoding request needs a block an
 free, the newest running request is preempted: its blocks are freed and it goes back to the
 front of the queue, to be recomputed (prompt + what it generated so far, as a prefill) when
 blocks free up. Nothing is dropped; its generated tokens and its sampler's state are kept.
+
+A served VLM's request carries an image (#16): the step that first schedules it runs the
+encoder over every new image in one batch, and the projected vectors fill the request's first
+positions as it prefills, chunked and cached in blocks like text, kept across a preemption.
 """
 
 import enum
@@ -61,6 +65,11 @@ class Request:
     finish: FinishReason | None = None
     generator: torch.Generator | None = None
     preemptions: int = 0
+    # A VLM's image, (S, S, 3) uint8, read at the first positions of `prompt` (their ids are
+    # placeholders: trainer/serve/images.py), and its projected tokens once encoded: kept
+    # across a preemption, so a recompute prefills the same vectors without the encoder.
+    image: torch.Tensor | None = None
+    image_embeds: torch.Tensor | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -91,9 +100,13 @@ class Engine:
         decode: Callable[[list[int]], str],
         eos_id: int,
         max_len: int,
+        embed_images: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
-        """`cfg` is a ServeConfig with defaults applied; `max_len` the model's positions."""
+        """`cfg` is a ServeConfig with defaults applied; `max_len` the model's positions;
+        `embed_images` a VLM's encoder and projector, (B, S, S, 3) uint8 -> (B, image tokens,
+        dim) (None: a text model)."""
         self.model = model.eval()
+        self.embed_images = embed_images
         self.cfg, self.decode, self.eos_id, self.max_len = cfg, decode, eos_id, max_len
         p = next(model.parameters())
         attn = model.layers[0].attention
@@ -117,6 +130,8 @@ class Engine:
         """Queues a request; the caller checked that prompt + 1 token fits `max_len`."""
         if len(request.prompt) >= self.max_len:
             raise ValueError(f"prompt of {len(request.prompt)} tokens: no room to generate")
+        if request.image is not None and self.embed_images is None:
+            raise ValueError("an image for a text model")
         seed = request.params.seed
         gen = torch.Generator(device=self.device)
         request.generator = gen.manual_seed(seed) if seed is not None else gen
@@ -144,7 +159,10 @@ class Engine:
         scheduled = self._schedule()
         if not scheduled:
             return outputs
-        runs = [Run(self._new_tokens(r, n), r.computed, r.table) for r, n in scheduled]
+        self._encode_images([r for r, _ in scheduled])
+        runs = [
+            Run(self._new_tokens(r, n), r.computed, r.table, _image_run(r, n)) for r, n in scheduled
+        ]
         logits = forward_step(self.model, runs, self.cache)
         ready = []  # (row of logits, request) of the requests whose whole context is read
         for i, (r, n) in enumerate(scheduled):
@@ -177,6 +195,15 @@ class Engine:
                 row = logits[i : i + 1]
                 tokens[i] = int(sample_next(row, p.temperature, p.top_k, p.top_p, r.generator)[0])
         return [tokens[i] for i, _ in ready]
+
+    @torch.no_grad()
+    def _encode_images(self, requests: list[Request]) -> None:
+        """The images of newly admitted requests through the encoder, in one batch."""
+        new = [r for r in requests if r.image is not None and r.image_embeds is None]
+        if new and self.embed_images is not None:
+            embeds = self.embed_images(torch.stack([r.image for r in new]).to(self.device))
+            for r, e in zip(new, embeds, strict=True):
+                r.image_embeds = e
 
     def _schedule(self) -> list[tuple[Request, int]]:
         """(request, new tokens) for this step, under the token budget; preempts when a
@@ -287,5 +314,13 @@ class Engine:
 
     def _end(self, r: Request, finish: FinishReason) -> None:
         r.finish = finish
+        r.image_embeds = None
         self.cache.release(r.table)
         self.finished += 1
+
+
+def _image_run(r: Request, n: int) -> torch.Tensor | None:
+    """The image vectors of r's next n positions (they lead the run: the image comes first)."""
+    if r.image_embeds is None or r.computed >= len(r.image_embeds):
+        return None
+    return r.image_embeds[r.computed : r.computed + n]

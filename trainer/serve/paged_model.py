@@ -7,7 +7,10 @@ gathered block by block from the pool (kv_cache.py), in two groups: the runs of 
 (decoding: one query each, no padding) and the longer runs (prefill chunks: queries padded to
 the longest chunk). Kept apart, a prefill chunk arriving does not pad every decoding sequence's
 single query up to its own length. The model's own modules (norms, projections, rotary tables,
-MLP) do the arithmetic, so the numbers are the `generate` job's up to float rounding.
+MLP) do the arithmetic, so the numbers are the `generate` job's up to float rounding. A VLM's
+image positions take the projected image vectors as their input instead of token embeddings
+(trainer/vlm/model.py's layout: the image first, then the text), and are cached in blocks like
+any position.
 """
 
 from dataclasses import dataclass
@@ -26,6 +29,7 @@ class Run:
     tokens: list[int]
     start: int
     table: list[int]
+    image: torch.Tensor | None = None  # input vectors of the run's first positions (a VLM's)
 
 
 class _Group:
@@ -84,6 +88,16 @@ class StepBatch:
             end += len(r.tokens)
             last[id(r)] = end - 1
         self.last = torch.tensor([last[id(r)] for r in runs], device=device)
+        # Image positions of the packed row, and their vectors (which replace the embeddings
+        # of the placeholder ids there).
+        images, offset = [], 0
+        for r in packed:
+            if r.image is not None:
+                images.append((offset, r.image))
+            offset += len(r.tokens)
+        at = [o + j for o, image in images for j in range(len(image))]
+        self.image_at = torch.tensor(at, dtype=torch.long, device=device)
+        self.image = torch.cat([image for _, image in images]) if images else None
 
 
 def _attention(attn, x, cos, sin, step: StepBatch, cache: PagedKVCache, layer: int):
@@ -122,6 +136,8 @@ def forward_step(model: Transformer, runs: list[Run], cache: PagedKVCache) -> to
     step = StepBatch(runs, cache, device)
     cos, sin = model.rope.cos_sin(step.positions)
     x = model.tok_embeddings(step.ids)
+    if step.image is not None:
+        x[0, step.image_at] = step.image.to(x.dtype)
     for i, block in enumerate(model.layers):
         h = x + _attention(block.attention, block.attention_norm(x), cos, sin, step, cache, i)
         x = h + block.feed_forward(block.ffn_norm(h))

@@ -1,27 +1,15 @@
 """`kind: serve` as a real trainer process on a checkpoint trained here: its greedy answer is
 the `generate` job's, and SIGTERM lets an open request finish before the job exits 75."""
 
-import re
 import signal
-import time
 
 import openai
 
 from protos.exit_codes import ExitCode
 from trainer import testing
+from trainer.serve.testing import wait_for_endpoint
 
 PROMPT = "def "
-
-
-def wait_for_endpoint(log_path, process, timeout=60.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = re.search(r"serving on (http://\S+)/v1", log_path.read_text())
-        if found:
-            return found.group(1)
-        assert process.poll() is None, log_path.read_text()
-        time.sleep(0.1)
-    raise AssertionError(f"no endpoint within {timeout} s:\n{log_path.read_text()}")
 
 
 def test_serve_job_answers_like_the_generate_job_and_drains_on_sigterm(tmp_path):

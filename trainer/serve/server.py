@@ -24,6 +24,7 @@ from trainer.loop import install_sigterm_handler
 from trainer.model import Transformer
 from trainer.serve.api import ServedModel, create_app
 from trainer.serve.engine import Engine
+from trainer.serve.images import PromptImages
 from trainer.serve.metrics import ServeMetrics
 from trainer.serve.runner import EngineRunner
 
@@ -41,7 +42,14 @@ class Server:
         eos_id: int,
     ):
         """`cfg` has its defaults applied (protos.defaults.with_defaults)."""
-        engine = Engine(model, cfg, decode=decode, eos_id=eos_id, max_len=served.max_len)
+        engine = Engine(
+            model,
+            cfg,
+            decode=decode,
+            eos_id=eos_id,
+            max_len=served.max_len,
+            embed_images=served.images.embed if served.images else None,
+        )
         self.runner = EngineRunner(engine, ServeMetrics(served.name))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -110,22 +118,26 @@ def serve(
     attempt: attempt_pb2.Attempt,
     log,
     client,
+    images: PromptImages | None = None,
 ) -> ExitCode:
     """The `serve` job: serves `model` until SIGTERM or the launcher's stop, reporting a
-    heartbeat to `client` (a ProgressClient, or None run by hand). `cfg` has its defaults."""
+    heartbeat to `client` (a ProgressClient, or None run by hand). `cfg` has its defaults.
+    `images`: a VLM's image input (`model` is then its language model)."""
     served = ServedModel(
         name=cfg.model_name or attempt.spec.name,
         encode=tokenizer.encode,
         bos_id=tokenizer.bos_id,
         max_len=max_len,
         created=int(time.time()),
+        images=images,
     )
     sigterm = install_sigterm_handler()
     interrupted: list[int] = []  # Ctrl-C on a job run by hand: drain, then exit 0
     signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
     server = Server(model, cfg, served, decode=tokenizer.decode, eos_id=tokenizer.eos_id)
     server.start()
-    log(f"serving on {server.endpoint}/v1: model {served.name!r} (OpenAI API)")
+    reads = f", with {images.tokens} tokens per image" if images else ""
+    log(f"serving on {server.endpoint}/v1: model {served.name!r} (OpenAI API{reads})")
     launcher_stop = client.stop_requested.is_set if client else (lambda: False)
 
     def stop_requested() -> bool:

@@ -2,6 +2,9 @@
 argmax is decided by the model, not by float rounding (the paged and the contiguous attention
 add in different orders), and a toy detokenizer."""
 
+import re
+import time
+
 import torch
 
 from protos import defaults, trainer_config_pb2
@@ -52,3 +55,15 @@ def start_server(model: Transformer, name: str = "tiny", eos_id: int = EOS, **se
 
     served = ServedModel(name, encode, BOS, model.rope.cos.shape[0], created=0)
     return Server(model, serve_config(**serve), served, decode=decode, eos_id=eos_id).start()
+
+
+def wait_for_endpoint(log_path, process, timeout=60.0) -> str:
+    """The endpoint a `serve` job process logs once it listens (it must not exit first)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = re.search(r"serving on (http://\S+)/v1", log_path.read_text())
+        if found:
+            return found.group(1)
+        assert process.poll() is None, log_path.read_text()
+        time.sleep(0.1)
+    raise AssertionError(f"no endpoint within {timeout} s:\n{log_path.read_text()}")

@@ -1,5 +1,6 @@
 """The trainer's VLM jobs (trainer/main.py dispatches here): a stage (kind VLM), the eval of a
-VLM checkpoint (kind EVAL on image data), and generate with an image (generate.image)."""
+VLM checkpoint (kind EVAL on image data), generate with an image (generate.image), and the
+serve job of a VLM checkpoint (kind SERVE on image data: chat requests may hold an image)."""
 
 import os
 from pathlib import Path
@@ -33,6 +34,8 @@ def run(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log, client) -> E
         return eval_job(cfg, attempt, env, log)
     if kind == job_pb2.GENERATE:
         return generate_job(cfg, attempt, env, log)
+    if kind == job_pb2.SERVE:
+        return serve_job(cfg, attempt, env, log, client)
     name = job_pb2.JobKind.Name(kind)
     raise ConfigError("trainer.data.format", f"a {name} job does not read images")
 
@@ -107,12 +110,18 @@ def _load(cfg: TrainerConfig, run_dir: Path, env, log):
     return model.eval(), meta.dataset
 
 
+def _dataset(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, dataset: str, env, log) -> str:
+    """The checkpoint's dataset when it is still there, else cfg.data precooked again."""
+    if Path(dataset).exists():
+        return dataset
+    return precook(cfg, attempt.cache_dir, env, log).path
+
+
 def eval_job(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log) -> ExitCode:
     from trainer.vlm import evaluate
 
     model, dataset = _load(cfg, Path(attempt.run_dir), env, log)
-    if not Path(dataset).exists():
-        dataset = precook(cfg, attempt.cache_dir, env, log).path
+    dataset = _dataset(cfg, attempt, dataset, env, log)
     report = evaluate.evaluate(model, dataset, env.device)
     log(evaluate.describe(report))
     if env.is_main:
@@ -140,3 +149,17 @@ def generate_job(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log) -> 
         print(g.prompt + tok.decode(new), flush=True)
     log(f"generated {len(new)} tokens about {g.image} at {tokens_per_s:,.1f} tokens/s")
     return ExitCode.OK
+
+
+def serve_job(cfg: TrainerConfig, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCode:
+    """The VLM checkpoint behind the OpenAI API (trainer/serve/): its language model in the
+    engine, its encoder and projector for the images of chat requests."""
+    from trainer.data.tokenizer import load_tokenizer
+    from trainer.serve.images import PromptImages
+    from trainer.serve.server import serve
+
+    model, dataset = _load(cfg, Path(attempt.run_dir), env, log)
+    tok = load_tokenizer(_dataset(cfg, attempt, dataset, env, log))
+    images = PromptImages(cfg.vision.image_size, model.image_tokens, model.embed_images)
+    max_len = model.lm.rope.cos.shape[0]  # image tokens + data.seq_len, or model.max_seq_len
+    return serve(model.lm, tok, max_len, cfg.serve, attempt, log, client, images=images)

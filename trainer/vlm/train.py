@@ -143,13 +143,12 @@ class VlmTrainer:
         self.log(f"resumed from {path} (step {self.step})")
 
     def train_step(self, batches: list[dict]) -> tuple[float, float, int]:
-        """(mean loss, grad norm, labelled tokens of the global batch)."""
+        """(mean loss, grad norm, text tokens of the global batch: every rank's, not this
+        rank's times the world size, which is only an estimate)."""
         n_local = sum(int((b["labels"] != -100).sum()) for b in batches)
-        n = float(
-            distributed.all_reduce_sum(
-                torch.tensor([n_local], dtype=torch.float64, device=self.device)
-            )[0]
-        )
+        text_local = sum(int((b["input_ids"] != self.loader.pad_id).sum()) for b in batches)
+        counts = torch.tensor([n_local, text_local], dtype=torch.float64, device=self.device)
+        n, text = (float(c) for c in distributed.all_reduce_sum(counts))
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
         # bf16 autocast on CUDA, fp32 on CPU, as the text trainer (loop.py) does
         autocast = torch.autocast(
@@ -166,7 +165,7 @@ class VlmTrainer:
         grad_norm = float(
             torch.nn.utils.clip_grad_norm_(params, self.cfg.optim.grad_clip or math.inf)
         )
-        return total / max(n, 1.0), grad_norm, int(n)
+        return total / max(n, 1.0), grad_norm, int(text)
 
     def run(self) -> Outcome:
         t = self.cfg.train
@@ -181,7 +180,7 @@ class VlmTrainer:
             start = time.perf_counter()
             batches = [next(self.loader) for _ in range(t.grad_accum)]
             data_s = time.perf_counter() - start
-            loss, grad_norm, _ = self.train_step(batches)
+            loss, grad_norm, text = self.train_step(batches)
             verdict = self.guard.check(loss)
             if verdict is Verdict.OK:
                 self.optimizer.step()
@@ -194,10 +193,6 @@ class VlmTrainer:
             self.goodput.add("data", data_s)
             self.goodput.add("productive" if verdict is Verdict.OK else "lost", step_s - data_s)
             rows = sum(len(b["input_ids"]) for b in batches) * self.env.world_size
-            text = (
-                sum(int((b["input_ids"] != self.loader.pad_id).sum()) for b in batches)
-                * self.env.world_size
-            )
             positions = rows * (image_tokens + self.cfg.data.seq_len)
             tokens = rows * image_tokens + text
             self.image_share = rows * image_tokens / max(tokens, 1)

@@ -12,45 +12,17 @@ from protos.exit_codes import ExitCode
 from trainer import main
 from trainer.testing import write_job
 from trainer.vlm import scenes
+from trainer.vlm.testing import vlm_job, write_scenes
 
 torch.set_num_threads(1)
 STEPS = 120
 
 
-def vlm_job(root, kind="VLM", **trainer) -> dict:
-    sections: dict[str, dict[str, object]] = {
-        "data": {
-            "input": str(root / "scenes" / "scenes.jsonl"),
-            "format": "JSONL_IMAGE",
-            "tokenizer": "BPE_FILE",
-            "tokenizer_path": str(root / "scenes" / "tokenizer.json"),
-            "seq_len": 24,
-            "eval_fraction": 0.2,
-            "cache_dir": str(root / "cache"),
-        },
-        "model": {"dim": 128, "n_layers": 2, "n_heads": 4},
-        "vision": {
-            "image_size": 16,
-            "patch_size": 4,
-            "pixel_shuffle": 2,
-            "dim": 64,
-            "n_layers": 1,
-            "stage": "FINETUNE",
-        },
-        "optim": {"lr": 1e-3, "warmup_steps": 10},
-        "train": {"steps": STEPS, "micro_batch": 32, "log_every": 40},
-        "checkpoint": {"every_steps": 0},
-    }
-    for name, fields in trainer.items():
-        sections.setdefault(name, {}).update(fields)
-    return {"name": "vlm", "kind": kind, "trainer": sections}
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     root = tmp_path_factory.mktemp("vlm")
-    scenes.write_scenes(str(root / "scenes"), 300, seed=0, size=16, vocab_size=384)
-    job = write_job(root / "job.yaml", vlm_job(root))
+    write_scenes(root)
+    job = write_job(root / "job.yaml", vlm_job(root, steps=STEPS))
     code = main.main(["--config", str(job), "--run-dir", str(root / "run")])
     return code, root
 
@@ -143,3 +115,16 @@ def test_bad_configs_exit_2_naming_the_field(trained, tmp_path, capsys, change, 
     job = write_job(tmp_path / "bad.yaml", vlm_job(root, kind=kind, **change))
     assert main.main(["--config", str(job), "--run-dir", str(root / "run")]) == ExitCode.BAD_CONFIG
     assert field in capsys.readouterr().err
+
+
+def test_a_text_job_given_the_vlm_checkpoint_exits_2_naming_it(trained, capsys):
+    """Without the image data and vision section (here: text generate), the checkpoint is
+    refused by name, not half-loaded into a text model."""
+    _, root = trained
+    path = sorted((root / "run" / "checkpoints").glob("step_*"))[-1]
+    job = vlm_job(root, kind="GENERATE", data={"format": "JSONL"}, checkpoint={"path": str(path)})
+    job["trainer"]["generate"] = {"prompt": "question:", "max_new_tokens": 2}
+    config = write_job(root / "text_gen.yaml", job)
+    assert main.main(["--config", str(config)]) == ExitCode.BAD_CONFIG
+    err = capsys.readouterr().err
+    assert "trainer.checkpoint.path" in err and "is a VLM checkpoint" in err
