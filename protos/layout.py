@@ -3,8 +3,9 @@
 One mesh of `pp x dp x cp x tp` processes (outermost to innermost: tensor parallel talks the
 most, so its ranks are neighbours, on one node). The data-parallel degree is not configured: it
 is what the world size leaves once tensor, pipeline and context parallel have taken theirs.
-The trainer builds its DeviceMesh from `ParallelLayout.dims()` (trainer/parallel/mesh.py), the
-validation checks it (protos/validation.py) and the planner prices it (trainer/sizing/comm.py).
+The trainer builds its DeviceMesh from `ParallelLayout.dims()` (trainer/parallel/mesh.py),
+the validation checks it (protos/validation_layout.py) and the planner prices it
+(trainer/sizing/comm.py).
 """
 
 import dataclasses

@@ -11,6 +11,8 @@ The rules, in order:
 3. The trainer (`resolve_trainer`): the config with defaults applied (protos/defaults.py),
    every field in its range, and the rules that tie fields together (heads divide the width,
    SFT reads chat data, SINGLE runs one process, ...).
+   The layout rules are in protos/validation_layout.py, the rules of particular job kinds
+   (RLHF, VLM, serve) in protos/validation_kinds.py; protos/rules.py has the primitives.
 What depends on this launcher (pools, quotas, images) is launcher/validation.py's; what
 depends on files (does data.input exist?) is the trainer's, when it reads them.
 """
@@ -21,9 +23,18 @@ import re
 from google.protobuf import descriptor, unknown_fields
 from google.protobuf.message import Message
 
-from protos import defaults, enums, job_pb2, layout, trainer_config_pb2
+from protos import defaults, enums, job_pb2, trainer_config_pb2
 from protos.config_yaml import ConfigError
 from protos.defaults import Field
+from protos.rules import check, check_range, check_ranges
+from protos.validation_kinds import (
+    IMAGE_FORMATS,
+    RL_KINDS,
+    validate_rl,
+    validate_serve,
+    validate_vision,
+)
+from protos.validation_layout import validate_fp8, validate_layout, validate_moe
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)  # fullmatch: no "a\n"
 NAME_RULE = "use letters, digits, '.', '_', '-' (at most 63, starting with a letter or digit)"
@@ -89,12 +100,6 @@ def _check_value(message, field, value, path):
             raise ConfigError(path, "contains a NUL character")
 
 
-def _check_range(value, field: Field, path: str) -> None:
-    problem = field.problem(value)
-    if problem:
-        raise ConfigError(path, problem)
-
-
 def validate_job_spec(
     spec: job_pb2.JobSpec, world_size: int | None = None
 ) -> trainer_config_pb2.TrainerConfig:
@@ -121,7 +126,7 @@ def validate_job_spec(
         *sections, name = path.split(".")
         for section in sections:
             message = getattr(message, section)
-        _check_range(getattr(message, name), field, path)
+        check_range(getattr(message, name), field, path)
     if world_size is None:
         world_size = (spec.resources.nodes or 1) * (spec.resources.processes_per_node or 1)
     return _resolve(spec.trainer, spec.kind, world_size)  # the wire check above covered it
@@ -138,19 +143,19 @@ def resolve_trainer(
 
 
 def _resolve(cfg, kind, world_size) -> trainer_config_pb2.TrainerConfig:
-    _set_ranges(cfg)  # first: a derived default (ffn_dim from dim) must not overflow
+    _setcheck_ranges(cfg)  # first: a derived default (ffn_dim from dim) must not overflow
     out = defaults.with_defaults(cfg, world_size)
     validate_trainer(out, kind, world_size)
     return out
 
 
-def _set_ranges(cfg: trainer_config_pb2.TrainerConfig) -> None:
+def _setcheck_ranges(cfg: trainer_config_pb2.TrainerConfig) -> None:
     """The ranges of the fields a user set (the others take defaults, in range by design)."""
     for section, fields in defaults.SECTIONS.items():
         message = getattr(cfg, section)
         for name, field in fields.items():
             if message.HasField(name):
-                _check_range(getattr(message, name), field, f"trainer.{section}.{name}")
+                check_range(getattr(message, name), field, f"trainer.{section}.{name}")
 
 
 def resolve_data(data: trainer_config_pb2.DataConfig) -> trainer_config_pb2.DataConfig:
@@ -158,7 +163,7 @@ def resolve_data(data: trainer_config_pb2.DataConfig) -> trainer_config_pb2.Data
     check_wire(data, "data")
     out = defaults.data_with_defaults(data)
     validate_data(out, "data")
-    _check(  # #16: images need the vision section (image size): a job through `train`
+    check(  # #16: images need the vision section (image size): a job through `train`
         out.format not in IMAGE_FORMATS,
         "data.format",
         f"{enums.enum_name(out, 'format')} holds images: precook it with a job (kind PRECOOK "
@@ -167,21 +172,11 @@ def resolve_data(data: trainer_config_pb2.DataConfig) -> trainer_config_pb2.Data
     return out
 
 
-def _ranges(message: Message, section: str, path: str) -> None:
-    for name, field in defaults.SECTIONS[section].items():
-        _check_range(getattr(message, name), field, f"{path}.{name}")
-
-
-def _check(ok: bool, path: str, problem: str) -> None:
-    if not ok:
-        raise ConfigError(path, problem)
-
-
 def validate_data(d: trainer_config_pb2.DataConfig, path: str = "trainer.data") -> None:
     """The rules of a defaulted DataConfig; errors name `<path>.<field>`."""
-    _ranges(d, "data", path)
+    check_ranges(d, "data", path)
     if d.tokenizer == trainer_config_pb2.BPE_TRAIN:
-        _check(
+        check(
             d.vocab_size >= defaults.MIN_BPE_VOCAB,
             f"{path}.vocab_size",
             f"{d.vocab_size} cannot fit a byte-level BPE: it needs at least "
@@ -189,18 +184,18 @@ def validate_data(d: trainer_config_pb2.DataConfig, path: str = "trainer.data") 
             f"{len(defaults.SPECIAL_TOKENS)} special tokens)",
         )
     if d.tokenizer == trainer_config_pb2.BPE_FILE:
-        _check(bool(d.tokenizer_path), f"{path}.tokenizer_path", "is required for BPE_FILE")
-    _check(
+        check(bool(d.tokenizer_path), f"{path}.tokenizer_path", "is required for BPE_FILE")
+    check(
         d.shard_tokens >= d.seq_len,
         f"{path}.shard_tokens",
         f"{d.shard_tokens} is smaller than one row (seq_len {d.seq_len})",
     )
     if d.format == trainer_config_pb2.JSONL:
-        _check(bool(d.text_field), f"{path}.text_field", "must name the JSON field of the text")
+        check(bool(d.text_field), f"{path}.text_field", "must name the JSON field of the text")
     if d.format == trainer_config_pb2.JSONL_CHAT:
-        _check(bool(d.prompt_field), f"{path}.prompt_field", "must name the JSON prompt field")
-        _check(bool(d.response_field), f"{path}.response_field", "must name the response field")
-        _check(
+        check(bool(d.prompt_field), f"{path}.prompt_field", "must name the JSON prompt field")
+        check(bool(d.response_field), f"{path}.response_field", "must name the response field")
+        check(
             d.prompt_field != d.response_field,
             f"{path}.response_field",
             f"is the same field as prompt_field ({d.prompt_field!r})",
@@ -210,31 +205,31 @@ def validate_data(d: trainer_config_pb2.DataConfig, path: str = "trainer.data") 
 
 def _validate_curation(d: trainer_config_pb2.DataConfig, path: str) -> None:
     """#21: the mixture's sources and the filters (trainer/data/mixture.py, filters.py)."""
-    _check(
+    check(
         d.max_doc_tokens == 0 or d.max_doc_tokens >= d.min_doc_tokens,
         f"{path}.max_doc_tokens",
         f"{d.max_doc_tokens} is below min_doc_tokens ({d.min_doc_tokens}); 0 means no limit",
     )
     if not d.sources:
         return
-    _check(not d.input, f"{path}.input", "must be empty when sources are given")
+    check(not d.input, f"{path}.input", "must be empty when sources are given")
     names: set[str] = set()
     chat = d.format == trainer_config_pb2.JSONL_CHAT
     for i, src in enumerate(d.sources):
         at = f"{path}.sources[{i}]"
-        _check(bool(NAME.fullmatch(src.name)), f"{at}.name", f"{src.name!r}: {NAME_RULE}")
-        _check(src.name not in names, f"{at}.name", f"{src.name!r} names two sources")
+        check(bool(NAME.fullmatch(src.name)), f"{at}.name", f"{src.name!r}: {NAME_RULE}")
+        check(src.name not in names, f"{at}.name", f"{src.name!r} names two sources")
         names.add(src.name)
-        _check(bool(src.input), f"{at}.input", "is required")
-        _check(src.weight >= 0, f"{at}.weight", f"{src.weight} is negative")
-        _check(src.token_budget >= 0, f"{at}.token_budget", f"{src.token_budget} is negative")
-        _check(
+        check(bool(src.input), f"{at}.input", "is required")
+        check(src.weight >= 0, f"{at}.weight", f"{src.weight} is negative")
+        check(src.token_budget >= 0, f"{at}.token_budget", f"{src.token_budget} is negative")
+        check(
             not (src.weight and src.token_budget),
             f"{at}.token_budget",
             "give a weight or a token budget, not both",
         )
         fmt = src.format or d.format
-        _check(
+        check(
             (fmt == trainer_config_pb2.JSONL_CHAT) == chat,
             f"{at}.format",
             "JSONL_CHAT sources mix only with each other (data.format JSONL_CHAT)",
@@ -250,19 +245,19 @@ def validate_trainer(
     d, m, t = cfg.data, cfg.model, cfg.train
     validate_data(d)
     for section in ("model", "optim", "train", "checkpoint", "generate"):
-        _ranges(getattr(cfg, section), section, f"trainer.{section}")
-    _ranges(cfg.health, "health", "trainer.health")
-    _ranges(cfg.eval, "eval", "trainer.eval")
+        check_ranges(getattr(cfg, section), section, f"trainer.{section}")
+    check_ranges(cfg.health, "health", "trainer.health")
+    check_ranges(cfg.eval, "eval", "trainer.eval")
     if kind == job_pb2.IMPORT:
-        _check(bool(cfg.hf.path), "trainer.hf.path", "IMPORT reads a Hugging Face model directory")
+        check(bool(cfg.hf.path), "trainer.hf.path", "IMPORT reads a Hugging Face model directory")
     validate_vision(cfg, kind)  # #16
-    _check(  # #21: a PRECOOK job's tasks are the launcher's (launcher/executors/task_array.py)
+    check(  # #21: a PRECOOK job's tasks are the launcher's (launcher/executors/task_array.py)
         d.tasks == 1 or (kind == job_pb2.PRECOOK and d.format not in IMAGE_FORMATS),
         "trainer.data.tasks",
         f"{d.tasks} tasks: only a PRECOOK job of text runs as tasks (others precook in one)",
     )
     if kind == job_pb2.SFT:
-        _check(
+        check(
             d.format == trainer_config_pb2.JSONL_CHAT,
             "trainer.data.format",
             "SFT trains on prompt/response pairs: use JSONL_CHAT, not "
@@ -270,32 +265,32 @@ def validate_trainer(
         )
     if kind in RL_KINDS:
         validate_rl(cfg, kind, world_size)
-    _check(
+    check(
         m.dim % m.n_heads == 0, "trainer.model.n_heads", f"{m.n_heads} does not divide dim {m.dim}"
     )
     head_dim = m.dim // m.n_heads
-    _check(
+    check(
         head_dim % 2 == 0,
         "trainer.model.n_heads",
         f"{m.n_heads} heads give head_dim {head_dim}; rotary positions need an even head_dim",
     )
-    _check(
+    check(
         m.n_heads % m.n_kv_heads == 0,
         "trainer.model.n_kv_heads",
         f"{m.n_kv_heads} does not divide n_heads {m.n_heads}",
     )
-    _check(
+    check(
         d.seq_len <= m.max_seq_len,
         "trainer.data.seq_len",
         f"{d.seq_len} is longer than the model's positions (model.max_seq_len {m.max_seq_len})",
     )
-    _check(
+    check(
         t.dtype.lower() in defaults.DTYPES,
         "trainer.train.dtype",
         f"{t.dtype!r} is not one of fp32, bf16, fp16, fp8 (or empty for automatic)",
     )
     validate_fp8(cfg)
-    _check(
+    check(
         not (
             defaults.DTYPES.get(t.dtype.lower()) == "float16"
             and t.parallelism == trainer_config_pb2.FSDP
@@ -303,234 +298,13 @@ def validate_trainer(
         "trainer.train.dtype",
         "fp16 with FSDP is not supported (its loss scaling would need a sharded scaler): use bf16",
     )
-    _check(
+    check(
         world_size == 1 or t.parallelism != trainer_config_pb2.SINGLE,
         "trainer.train.parallelism",
         f"SINGLE with {world_size} processes would train {world_size} unrelated models: "
         "use DDP or FSDP",
     )
     if kind == job_pb2.SERVE:
-        s = cfg.serve
-        _check(
-            s.num_blocks * s.block_size >= m.max_seq_len,
-            "trainer.serve.num_blocks",
-            f"{s.num_blocks} blocks of {s.block_size} tokens cannot hold one request of "
-            f"model.max_seq_len {m.max_seq_len} tokens: a request could never finish",
-        )
+        validate_serve(cfg)
     validate_moe(cfg, world_size)
     validate_layout(cfg, world_size)
-
-
-def validate_fp8(cfg: trainer_config_pb2.TrainerConfig) -> None:
-    """fp8 (trainer/fp8.py) composes with SINGLE and DDP on one device type; the device itself
-    (fp8 matmuls: CUDA 8.9+) is checked by the trainer, which knows it."""
-    t = cfg.train
-    if t.dtype.lower() not in defaults.FP8_DTYPES:
-        return
-    where = "trainer.train.dtype"
-    lay = layout.from_train(t, 1)
-    _check(
-        not lay.model_parallel,
-        where,
-        f"fp8 is not combined with tensor/pipeline/context parallel ({lay.describe()}): its "
-        "float8 linears take plain tensors, not sharded DTensor weights; use bf16",
-    )
-    _check(
-        t.parallelism not in (trainer_config_pb2.FSDP, trainer_config_pb2.EXPERT),
-        where,
-        f"fp8 runs with SINGLE or DDP, not {trainer_config_pb2.Parallelism.Name(t.parallelism)} "
-        "(FSDP's and expert parallelism's fp8 paths are not built or measured): use bf16",
-    )
-    _check(
-        cfg.model.dim % 16 == 0,
-        "trainer.model.dim",
-        f"{cfg.model.dim} is not a multiple of 16, which fp8 matmuls need (train.dtype fp8)",
-    )
-
-
-def validate_layout(cfg: trainer_config_pb2.TrainerConfig, world_size: int) -> None:
-    """The parallel layout (protos/layout.py) fits the world size, the model and the data."""
-    t, m, seq = cfg.train, cfg.model, cfg.data.seq_len
-    tp, pp, cp = t.tensor_parallel, t.pipeline_parallel, t.context_parallel
-    where = "trainer.train."
-    _check(
-        world_size % (tp * pp * cp) == 0,
-        where + "tensor_parallel",
-        f"tensor {tp} x pipeline {pp} x context {cp} = {tp * pp * cp} does not divide the "
-        f"world size {world_size} (the data-parallel degree is what is left)",
-    )
-    lay = layout.from_train(t, world_size)
-    if not lay.model_parallel:
-        _check(not t.sequence_parallel, where + "sequence_parallel", "needs tensor_parallel > 1")
-        return
-    _check(
-        defaults.DTYPES.get(t.dtype.lower()) != "float16",
-        where + "dtype",
-        f"fp16 is not combined with tensor/pipeline/context parallel ({lay.describe()}): its loss "
-        "scaling runs in the data-parallel step only; use bf16",
-    )
-    _check(
-        m.n_heads % tp == 0, where + "tensor_parallel", f"{tp} does not divide n_heads {m.n_heads}"
-    )
-    _check(
-        m.n_kv_heads % tp == 0,
-        where + "tensor_parallel",
-        f"{tp} does not divide n_kv_heads {m.n_kv_heads}",
-    )
-    _check(
-        m.ffn_dim % tp == 0, where + "tensor_parallel", f"{tp} does not divide ffn_dim {m.ffn_dim}"
-    )
-    _check(
-        not t.sequence_parallel or tp > 1,
-        where + "sequence_parallel",
-        "needs tensor_parallel > 1 (it splits the norm regions across the TP ranks)",
-    )
-    _check(
-        not t.sequence_parallel or seq % (tp * 2 * cp) == 0,
-        where + "sequence_parallel",
-        f"seq_len {seq} is not divisible by tensor_parallel {tp} x 2 x context_parallel {cp}",
-    )
-    _check(
-        seq % (2 * cp) == 0,
-        where + "context_parallel",
-        f"seq_len {seq} is not divisible by 2 x context_parallel = {2 * cp} (each rank takes "
-        "two chunks, one early and one late, to balance the causal mask)",
-    )
-    stages = pp * t.pipeline_virtual_stages
-    interleaved = t.pipeline_schedule == trainer_config_pb2.INTERLEAVED_1F1B
-    _check(
-        interleaved == (t.pipeline_virtual_stages > 1),
-        where + "pipeline_virtual_stages",
-        f"{t.pipeline_virtual_stages} stages per rank: more than 1 is the INTERLEAVED_1F1B "
-        "schedule, which needs at least 2",
-    )
-    if pp == 1:
-        return
-    _check(
-        m.n_layers % stages == 0,
-        where + "pipeline_parallel",
-        f"n_layers {m.n_layers} is not divisible by {stages} stages "
-        f"(pipeline_parallel {pp} x pipeline_virtual_stages {t.pipeline_virtual_stages})",
-    )
-    _check(
-        not m.tie_embeddings,
-        "trainer.model.tie_embeddings",
-        "the input embedding and the output head live on different pipeline stages: set false",
-    )
-    _check(
-        t.grad_accum % pp == 0,
-        where + "grad_accum",
-        f"{t.grad_accum} micro-batches per step: a pipeline of {pp} stages needs a multiple "
-        f"of {pp}",
-    )
-
-
-def validate_moe(cfg: trainer_config_pb2.TrainerConfig, world_size: int) -> None:
-    """The mixture-of-experts rules (#18): routing fits the experts, expert parallelism fits
-    the processes and the experts."""
-    m, t = cfg.model, cfg.train
-    expert = t.parallelism == trainer_config_pb2.EXPERT
-    _check(
-        expert or t.expert_parallel == 0,
-        "trainer.train.expert_parallel",
-        "only applies to parallelism EXPERT",
-    )
-    if m.moe_experts == 0:
-        _check(
-            not expert,
-            "trainer.train.parallelism",
-            "EXPERT shards experts across ranks: set trainer.model.moe_experts",
-        )
-        return
-    _check(
-        m.moe_top_k <= m.moe_experts,
-        "trainer.model.moe_top_k",
-        f"{m.moe_top_k} is more than moe_experts {m.moe_experts}",
-    )
-    _check(
-        m.moe_every <= m.n_layers,
-        "trainer.model.moe_every",
-        f"{m.moe_every} is more than n_layers {m.n_layers}: no layer would be MoE",
-    )
-    if not expert:
-        return
-    ep = t.expert_parallel or world_size
-    _check(
-        world_size % ep == 0,
-        "trainer.train.expert_parallel",
-        f"{ep} does not divide the {world_size} processes",
-    )
-    _check(
-        m.moe_experts % ep == 0,
-        "trainer.train.expert_parallel",
-        f"{ep} ranks cannot share moe_experts {m.moe_experts} evenly",
-    )
-
-
-# #14: the post-training kinds (trainer/rl/, docs/rlhf.md).
-RL_KINDS = (job_pb2.REWARD, job_pb2.DPO, job_pb2.PPO)
-
-
-def validate_rl(
-    cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind, world_size: int = 1
-) -> None:
-    """The rules of a REWARD, DPO or PPO job (trainer.rl and what it needs elsewhere)."""
-    rl, name = cfg.rl, job_pb2.JobKind.Name(kind)
-    _ranges(rl, "rl", "trainer.rl")
-    _check(world_size == 1, "resources", f"{name} runs in one process, not {world_size}")
-    _check(
-        bool(cfg.checkpoint.path),
-        "trainer.checkpoint.path",
-        f"{name} starts from a trained checkpoint (an SFT or pretrain run's step_* directory)",
-    )
-    if kind in (job_pb2.REWARD, job_pb2.DPO):
-        _check(bool(rl.preferences), "trainer.rl.preferences", f"{name} needs preference pairs")
-    if kind == job_pb2.PPO:
-        _check(bool(rl.prompts), "trainer.rl.prompts", "PPO needs a JSONL file of prompts")
-        _check(
-            rl.reward != trainer_config_pb2.REWARD_MODEL or bool(rl.reward_path),
-            "trainer.rl.reward_path",
-            "reward REWARD_MODEL needs a REWARD job's checkpoint (or choose a verifier)",
-        )
-        _check(
-            rl.algorithm != trainer_config_pb2.GRPO or rl.group_size >= 2,
-            "trainer.rl.group_size",
-            f"{rl.group_size}: GRPO normalizes rewards within a group, it needs at least 2",
-        )
-
-
-# #16: the data formats that hold images (read by trainer/data/images.py)
-IMAGE_FORMATS = (trainer_config_pb2.JSONL_IMAGE, trainer_config_pb2.IMAGE_DIR)
-
-
-def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind) -> None:
-    """#16: the vision section, and which jobs read images."""
-    v, fmt = cfg.vision, cfg.data.format
-    _ranges(v, "vision", "trainer.vision")
-    if kind == job_pb2.VLM:
-        _check(
-            fmt in IMAGE_FORMATS,
-            "trainer.data.format",
-            "a VLM trains on images: use JSONL_IMAGE or IMAGE_DIR, not "
-            + enums.enum_name(cfg.data, "format"),
-        )
-    if kind in (job_pb2.PRETRAIN, job_pb2.SFT):
-        _check(
-            fmt not in IMAGE_FORMATS,
-            "trainer.data.format",
-            f"{enums.enum_name(cfg.data, 'format')} holds images: train them with kind VLM",
-        )
-    _check(
-        v.image_size % v.patch_size == 0,
-        "trainer.vision.patch_size",
-        f"{v.patch_size} does not divide image_size {v.image_size}",
-    )
-    grid = v.image_size // v.patch_size
-    _check(
-        grid % v.pixel_shuffle == 0,
-        "trainer.vision.pixel_shuffle",
-        f"{v.pixel_shuffle} does not divide the {grid} x {grid} patch grid",
-    )
-    _check(
-        v.dim % v.n_heads == 0, "trainer.vision.n_heads", f"{v.n_heads} does not divide dim {v.dim}"
-    )

@@ -226,7 +226,7 @@ class ExpertParallel(nn.Module):
 
 
 def wrap(model: nn.Module, env: DistEnv, ep: int) -> nn.Module:
-    """`model` with experts sharded over `ep` ranks (protos/validation.py checked that ep
+    """`model` with experts sharded over `ep` ranks (protos/validation_layout.py checked that ep
     divides the processes and the experts); the model itself on one process."""
     if env.world_size == 1:
         return model

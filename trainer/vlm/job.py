@@ -12,7 +12,7 @@ from protos.config_yaml import ConfigError
 from protos.exit_codes import ExitCode
 from protos.files import write_json_atomic
 from protos.trainer_config_pb2 import TrainerConfig
-from protos.validation import IMAGE_FORMATS
+from protos.validation_kinds import IMAGE_FORMATS
 from trainer.data.images import load_image, precook_images
 from trainer.loop import Outcome
 

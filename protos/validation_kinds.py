@@ -1,0 +1,85 @@
+"""The rules particular to one kind of job (part of rule 3, protos/validation.py): the
+post-training kinds (REWARD, DPO, PPO: `validate_rl`), the jobs that read images (VLM:
+`validate_vision`) and the serve job (`validate_serve`)."""
+
+from protos import enums, job_pb2, trainer_config_pb2
+from protos.rules import check, check_ranges
+
+# #14: the post-training kinds (trainer/rl/, docs/rlhf.md).
+RL_KINDS = (job_pb2.REWARD, job_pb2.DPO, job_pb2.PPO)
+
+
+def validate_rl(
+    cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind, world_size: int = 1
+) -> None:
+    """The rules of a REWARD, DPO or PPO job (trainer.rl and what it needs elsewhere)."""
+    rl, name = cfg.rl, job_pb2.JobKind.Name(kind)
+    check_ranges(rl, "rl", "trainer.rl")
+    check(world_size == 1, "resources", f"{name} runs in one process, not {world_size}")
+    check(
+        bool(cfg.checkpoint.path),
+        "trainer.checkpoint.path",
+        f"{name} starts from a trained checkpoint (an SFT or pretrain run's step_* directory)",
+    )
+    if kind in (job_pb2.REWARD, job_pb2.DPO):
+        check(bool(rl.preferences), "trainer.rl.preferences", f"{name} needs preference pairs")
+    if kind == job_pb2.PPO:
+        check(bool(rl.prompts), "trainer.rl.prompts", "PPO needs a JSONL file of prompts")
+        check(
+            rl.reward != trainer_config_pb2.REWARD_MODEL or bool(rl.reward_path),
+            "trainer.rl.reward_path",
+            "reward REWARD_MODEL needs a REWARD job's checkpoint (or choose a verifier)",
+        )
+        check(
+            rl.algorithm != trainer_config_pb2.GRPO or rl.group_size >= 2,
+            "trainer.rl.group_size",
+            f"{rl.group_size}: GRPO normalizes rewards within a group, it needs at least 2",
+        )
+
+
+# #16: the data formats that hold images (read by trainer/data/images.py)
+IMAGE_FORMATS = (trainer_config_pb2.JSONL_IMAGE, trainer_config_pb2.IMAGE_DIR)
+
+
+def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind) -> None:
+    """#16: the vision section, and which jobs read images."""
+    v, fmt = cfg.vision, cfg.data.format
+    check_ranges(v, "vision", "trainer.vision")
+    if kind == job_pb2.VLM:
+        check(
+            fmt in IMAGE_FORMATS,
+            "trainer.data.format",
+            "a VLM trains on images: use JSONL_IMAGE or IMAGE_DIR, not "
+            + enums.enum_name(cfg.data, "format"),
+        )
+    if kind in (job_pb2.PRETRAIN, job_pb2.SFT):
+        check(
+            fmt not in IMAGE_FORMATS,
+            "trainer.data.format",
+            f"{enums.enum_name(cfg.data, 'format')} holds images: train them with kind VLM",
+        )
+    check(
+        v.image_size % v.patch_size == 0,
+        "trainer.vision.patch_size",
+        f"{v.patch_size} does not divide image_size {v.image_size}",
+    )
+    grid = v.image_size // v.patch_size
+    check(
+        grid % v.pixel_shuffle == 0,
+        "trainer.vision.pixel_shuffle",
+        f"{v.pixel_shuffle} does not divide the {grid} x {grid} patch grid",
+    )
+    check(
+        v.dim % v.n_heads == 0, "trainer.vision.n_heads", f"{v.n_heads} does not divide dim {v.dim}"
+    )
+
+
+def validate_serve(cfg: trainer_config_pb2.TrainerConfig) -> None:
+    """#15: the KV-cache pool can hold one request of the model's full length."""
+    s, m = cfg.serve, cfg.model
+    check(
+        s.num_blocks * s.block_size >= m.max_seq_len,
+        "trainer.serve.num_blocks",
+        f"{s.num_blocks} blocks of {s.block_size} tokens cannot hold one request of "
+        f"model.max_seq_len {m.max_seq_len} tokens: a request could never finish",
+    )
