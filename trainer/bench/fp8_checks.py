@@ -20,17 +20,15 @@ Run by tools/gpu/verify.py (step "fp8").
 """
 
 import argparse
-import dataclasses
 import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from protos import files
 from protos.config_yaml import ConfigError
 from trainer import fp8
-from trainer.bench.precision_checks import Check, run_config, train_records
+from trainer.bench.precision_checks import Check, report, run_config, train_records
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
 
@@ -114,11 +112,7 @@ def main() -> int:
     p.add_argument("--cache-dir", default=".state/precook", help="precooked datasets")
     args = p.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    checks = fp8_vs_bf16(device, args.cache_dir)
-    files.write_json_atomic(str(args.json), [dataclasses.asdict(c) for c in checks])
-    for c in checks:
-        print(f"{c.verdict:>7}  {c.name}: {c.measured}", file=sys.stderr)
-    return 0 if all(c.verdict != "MISS" for c in checks) else 1
+    return report(fp8_vs_bf16(device, args.cache_dir), args.json)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,15 @@ class Check:
     verdict: str  # "met", "MISS" or "skipped: why"
 
 
+def report(checks: list[Check], json_path: Path) -> int:
+    """Writes the checks (tools/gpu/verify.py reads them), prints one line each; exit status
+    1 when a goal was missed."""
+    files.write_json_atomic(str(json_path), [dataclasses.asdict(c) for c in checks])
+    for c in checks:
+        print(f"{c.verdict:>7}  {c.name}: {c.measured}", file=sys.stderr)
+    return 0 if all(c.verdict != "MISS" for c in checks) else 1
+
+
 def run_config(tiny: bool) -> trainer_config_pb2.TrainerConfig:
     cfg = trainer_config_pb2.TrainerConfig()
     cfg.data.max_documents = 50 if tiny else 0  # tiny: the trainer bench's dataset, cached
@@ -167,10 +176,7 @@ def main() -> int:
         bf16_tracks_fp32(args.tiny, device, args.cache_dir),
         varlen_matches_masked(args.tiny, device),
     ]
-    files.write_json_atomic(str(args.json), [dataclasses.asdict(c) for c in checks])
-    for c in checks:
-        print(f"{c.verdict:>7}  {c.name}: {c.measured}", file=sys.stderr)
-    return 0 if all(c.verdict != "MISS" for c in checks) else 1
+    return report(checks, args.json)
 
 
 if __name__ == "__main__":
