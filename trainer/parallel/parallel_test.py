@@ -53,9 +53,7 @@ def test_layout_matches_one_process(runs, single, name):
 KIND = {"tp": "tensor", "cp": "context", "pp": "pipeline", "dp": "data", "dp_cp": "data"}
 
 
-# The planner prices FSDP's all-gathers once per step over data x context; the engine shards
-# over data parallel alone and gathers again for each micro-batch (trainer/parallel/shard.py).
-PRICED = [n for n in LAYOUTS if not n.startswith("resume:") and "fsdp" not in n]
+PRICED = [n for n in LAYOUTS if not n.startswith("resume:")]
 
 
 @pytest.mark.parametrize("name", PRICED)
