@@ -89,18 +89,19 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 @contextlib.contextmanager
 def gradient_sync(model: torch.nn.Module, enabled: bool):
-    """Skip the gradient all-reduce on all but the last micro-batch of a step."""
-    if enabled or not active():
+    """Skip the gradient all-reduce on all but the last micro-batch of a step; wrap each
+    micro-batch's forward. DDP decides in the forward; FSDP2 reads its switch when the
+    backward reaches each layer, so the switch stays as set here until the next micro-batch's
+    call (the training loop runs the backward after this block: restoring it on exit made
+    FSDP reduce-scatter every micro-batch)."""
+    if not active():
         yield
     elif hasattr(model, "no_sync"):  # DDP
-        with model.no_sync():
+        with contextlib.nullcontext() if enabled else model.no_sync():
             yield
     elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
+        model.set_requires_gradient_sync(enabled)
+        yield
     else:
         yield
 

@@ -28,6 +28,7 @@ LAYOUTS = (
     "fsdp2,tp2",  # FSDP composed with tensor parallel (2-D, torchtitan's)
     "pp2:ONE_F_ONE_B,fsdp2",  # FSDP per pipeline stage
     "cp2,fsdp2",
+    "plain:fsdp4",  # trainer/distributed.py's FSDP, micro-batches run as trainer/loop.py does
     "resume:tp2>dp4",  # two steps under TP, the third under plain data parallel
     "resume:cp2,tp2>pp2:GPIPE",
 )
@@ -53,9 +54,7 @@ def test_layout_matches_one_process(runs, single, name):
 KIND = {"tp": "tensor", "cp": "context", "pp": "pipeline", "dp": "data", "dp_cp": "data"}
 
 
-# The planner prices FSDP's all-gathers once per step over data x context; the engine shards
-# over data parallel alone and gathers again for each micro-batch (trainer/parallel/shard.py).
-PRICED = [n for n in LAYOUTS if not n.startswith("resume:") and "fsdp" not in n]
+PRICED = [n for n in LAYOUTS if not n.startswith("resume:")]
 
 
 @pytest.mark.parametrize("name", PRICED)
@@ -63,7 +62,7 @@ def test_planner_predicts_the_bytes_each_layout_sent(runs, name):
     """trainer/sizing/comm.py against the bytes rank 0 put on the wire in one step (counted
     by trainer/parallel/wire.py): the same within 1% for each kind of parallelism."""
     record = json.loads((runs / f"{name}.json").read_text())
-    lay = proof.parse(name, 4)
+    lay = proof.parse(name.removeprefix("plain:"), 4)
     m = proof.model_config()
     shape = comm.ModelShape(m.n_layers, m.dim, m.n_heads, m.n_kv_heads, m.ffn_dim, proof.VOCAB)
     step = comm.Step(proof.SEQ, proof.ROWS // lay.dp, proof.GRAD_ACCUM, activation_bytes=4)

@@ -5,7 +5,8 @@ gradient norms and the final weights (gathered whole on rank 0).
     torchrun --nproc_per_node 4 -m trainer.parallel.proof OUT_DIR tp2 tp2+sp pp2:GPIPE ...
 
 A layout name is `+`/`x`-free shorthand parsed by `parse`; `resume:A>B` trains two steps
-under A, saves a distributed checkpoint, and trains the last step under B from it.
+under A, saves a distributed checkpoint, and trains the last step under B from it;
+`plain:fsdp4` trains without the engine, as the trainer runs `parallelism: FSDP` alone.
 """
 
 import contextlib
@@ -173,8 +174,44 @@ def train(lay: ParallelLayout, steps: range, engine: Engine | None = None, optim
     return engine, optimizer, losses, norms, wire
 
 
+def train_plain(lay: ParallelLayout, steps: range):
+    """The trainer's path without the engine (`parallelism: FSDP` with no model parallelism):
+    distributed.wrap shards the model, and each micro-batch runs as trainer/loop.py runs it:
+    the forward inside distributed.gradient_sync, the backward after it. Returns (the model,
+    the layout's mesh, losses, norms, bytes rank 0 sent in step 1 by mesh dimension)."""
+    model = distributed.wrap(build_model(), "FSDP", distributed.init(), torch.float32)
+    optimizer = build_optimizer(model, optim_config(), "cpu")
+    lay_mesh = mesh.build(lay, torch.device("cpu"))  # for the wire's labels and full_weights
+    losses, norms, wire = [], [], {}
+    for step in steps:
+        batches = rank_batches(step, lay.dp, dist.get_rank())
+        total, share = n_tokens(global_batches(step)), torch.zeros((), dtype=torch.float64)
+        counter = WireCounter(wire_labels(lay_mesh))
+        with counter if step == 1 else contextlib.nullcontext() as w:
+            for k, b in enumerate(batches):
+                mask = attention_layout(b["document_ids"], "cpu", torch.float32)
+                with distributed.gradient_sync(model, k == len(batches) - 1):
+                    loss = model(b["input_ids"], b["position_ids"], mask, b["labels"])
+                (loss * lay.dp / total).backward()  # FSDP averages over the ranks
+                share += loss.detach().double()
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+            norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+        if w is not None:
+            wire = dict(w.sent)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        dist.all_reduce(share)
+        losses.append(float(share) / total)
+    return model, lay_mesh, losses, norms, wire
+
+
 def run(name: str, out: Path) -> None:
     world = dist.get_world_size()
+    if name.startswith("plain:"):
+        lay = parse(name.removeprefix("plain:"), world)
+        model, lay_mesh, losses, norms, wire = train_plain(lay, range(STEPS))
+        _record(name, out, lay, dcp.full_weights(model, lay_mesh.group("pp")), losses, norms, wire)
+        return
     first, _, then = name.removeprefix("resume:").partition(">")
     lay = parse(first, world)
     if not then:
@@ -192,6 +229,10 @@ def run(name: str, out: Path) -> None:
         engine, _, more, more_norms, _ = train(lay, range(STEPS - 1, STEPS), engine, optimizer)
         losses, norms = losses + more, norms + more_norms
     weights = dcp.full_weights(engine.part, engine.mesh.group("pp"))
+    _record(name, out, lay, weights, losses, norms, wire)
+
+
+def _record(name: str, out: Path, lay: ParallelLayout, weights: dict, losses, norms, wire):
     if dist.get_rank() == 0:
         torch.save(weights, out / f"{name}.weights.pt")
         record = {"layout": lay.describe(), "losses": losses, "grad_norms": norms}

@@ -13,9 +13,27 @@ s tokens (each rank of a context-parallel group holds s/c of them), activations 
     PP  (p ranks)  each stage sends its output forward (with the int64 position and document
                    ids) and the gradient back: b·(s/c)·d·e each (÷t with sequence
                    parallelism), per micro-batch and stage boundary.
-    DP  (r = data x context ranks) gradient all-reduce, fp32: 2·(r−1)/r · 4 · P_rank;
-                   FSDP instead all-gathers weights twice and reduce-scatters gradients:
-                   (r−1)/r · (2·e_w + 4) · P_rank.
+    DP  (r = data x context ranks) gradient all-reduce, fp32: 2·(r−1)/r · 4 · P_rank.
+    FSDP (d = data ranks; trainer/parallel/shard.py, trainer/distributed.py) shards over data
+                   parallel alone. A weight is all-gathered (e_w bytes, the compute dtype)
+                   wherever it is needed sharded: (d−1)/d · e_w · P per gather. The blocks
+                   (P_blocks: the rank's layers) reshard after forward and after backward, so
+                   without a pipeline they are gathered twice per micro-batch; the root (P_root:
+                   embedding, final norm, head) is not resharded after forward (FSDP2's root
+                   keeps them for the backward that follows), so once per micro-batch:
+                       (d−1)/d · e_w · (2·m·P_blocks + m·P_root).
+                   Under a pipeline the stages keep their weights gathered after backward
+                   (torch.distributed.pipelining turns reshard-after-backward off until the
+                   step's last backward) and the blocks still reshard after each forward: a
+                   stage gathers before its first action and after each of its m forwards
+                   (its last action is a backward), whatever the schedule; the Stage modules are
+                   roots, gathered once per step:
+                       (d−1)/d · e_w · ((m+1)·P_blocks + P_root).
+                   Gradients are reduce-scattered once per step (no sync before the last
+                   micro-batch), fp32: (d−1)/d · 4 · P_rank. With context parallelism the
+                   shards' gradients are then all-reduced over the c context ranks, counted
+                   under CP: 2·(c−1)/c · 4 · P_rank/d. (Left out: the clipping norm's one fp32
+                   scalar per weight tensor, all-reduced over the shards.)
 
 The bubble of a pipeline of p stages with m micro-batches is (p−1)/(m+p−1) of the step;
 interleaving v stages per rank makes it (p−1)/(v·m+p−1).
@@ -74,12 +92,30 @@ def rank_params(shape: ModelShape, lay: ParallelLayout) -> float:
     """Parameters on rank 0: its layers' share of the tensor-parallel weights, the norms
     whole, the input embedding (first stage) and, without a pipeline, the head and the final
     norm (trainer/parallel keeps embedding and head whole under TP)."""
+    return _block_params(shape, lay) + _root_params(shape, lay)
+
+
+def _block_params(shape: ModelShape, lay: ParallelLayout) -> float:
+    """Rank 0's layers' parameters (FSDP shards each block on its own)."""
     d, q = shape.dim, shape.head_dim
     split = 2 * d * shape.heads * q + 2 * d * shape.kv_heads * q + 3 * d * shape.ffn_dim
-    per_layer = split / lay.tp + 2 * d
-    embedding = shape.vocab * d
-    last_stage = (0 if shape.tie_embeddings else shape.vocab * d) + d
-    return shape.layers / lay.pp * per_layer + embedding + (last_stage if lay.pp == 1 else 0)
+    return shape.layers / lay.pp * (split / lay.tp + 2 * d)
+
+
+def _root_params(shape: ModelShape, lay: ParallelLayout) -> float:
+    """Rank 0's parameters outside the blocks: the embedding and, without a pipeline, the
+    head and the final norm (FSDP's root)."""
+    embedding = shape.vocab * shape.dim
+    last_stage = (0 if shape.tie_embeddings else shape.vocab * shape.dim) + shape.dim
+    return embedding + (last_stage if lay.pp == 1 else 0)
+
+
+def _fsdp_gathers(shape: ModelShape, lay: ParallelLayout, m: int) -> float:
+    """Parameters FSDP all-gathers on rank 0 per step (module docstring)."""
+    blocks, root = _block_params(shape, lay), _root_params(shape, lay)
+    if lay.pp > 1:
+        return (m + 1) * blocks + root
+    return 2 * m * blocks + m * root
 
 
 def comm_bytes(shape: ModelShape, step: Step, lay: ParallelLayout) -> CommBytes:
@@ -105,14 +141,16 @@ def comm_bytes(shape: ModelShape, step: Step, lay: ParallelLayout) -> CommBytes:
         # back); a middle rank of a longer pipeline sends back from all v
         back = v - 1 if lay.pp == 2 else v
         pipeline = m * (v * (boundary + ids) + back * boundary)
-    replicas = lay.dp * lay.cp
     params = rank_params(shape, lay)
-    if replicas == 1:
-        data = 0.0
-    elif lay.fsdp:
-        data = _ring(replicas) * (2 * e + 4) * params
+    if lay.fsdp and lay.dp > 1:  # the engine shards only when data parallel has ranks
+        gathers = _ring(lay.dp) * e * _fsdp_gathers(shape, lay, m)
+        data = gathers + _ring(lay.dp) * 4 * params
+        if lay.cp > 1:
+            context += 2 * _ring(lay.cp) * 4 * params / lay.dp
+    elif lay.dp * lay.cp > 1:
+        data = 2 * _ring(lay.dp * lay.cp) * 4 * params
     else:
-        data = 2 * _ring(replicas) * 4 * params
+        data = 0.0
     return CommBytes(tensor, context, pipeline, data)
 
 

@@ -33,3 +33,33 @@ def test_tensor_parallel_bytes_grow_with_sequence_and_not_with_dp():
     assert a.tensor == b.tensor
     longer = comm.comm_bytes(TINY, comm.Step(8192, 1, 8), ParallelLayout(tp=4))
     assert longer.tensor == pytest.approx(2 * a.tensor)
+
+
+def test_fsdp_gathers_per_micro_batch_and_reduce_scatters_once():
+    """Without a pipeline each extra micro-batch gathers the blocks twice and the root once
+    more; in a pipeline the blocks once more; the fp32 reduce-scatter stays once per step."""
+    fsdp = ParallelLayout(dp=4, fsdp=True)
+    piped = ParallelLayout(dp=2, pp=2, fsdp=True)
+
+    def data(lay, m):
+        return comm.comm_bytes(TINY, comm.Step(32, 1, m, activation_bytes=2), lay).data
+
+    d, layer = TINY.dim, 2 * 64 * 4 * 16 + 2 * 64 * 2 * 16 + 3 * 64 * 128 + 2 * 64
+    blocks, root = 4 * layer, 2 * TINY.vocab * d + d
+    assert data(fsdp, 3) - data(fsdp, 2) == pytest.approx(3 / 4 * 2 * (2 * blocks + root))
+    assert data(fsdp, 1) == pytest.approx(3 / 4 * (2 * (2 * blocks + root) + 4 * (blocks + root)))
+    stage_blocks, stage_root = 2 * layer, TINY.vocab * d
+    assert data(piped, 3) - data(piped, 2) == pytest.approx(1 / 2 * 2 * stage_blocks)
+    assert data(piped, 1) == pytest.approx(
+        1 / 2 * (2 * (2 * stage_blocks + stage_root) + 4 * (stage_blocks + stage_root))
+    )
+
+
+def test_fsdp_shards_over_data_parallel_and_all_reduces_shards_over_context():
+    step = comm.Step(seq_len=32, micro_batch=1, micro_batches=2, activation_bytes=4)
+    with_cp = comm.comm_bytes(TINY, step, ParallelLayout(dp=2, cp=2, fsdp=True))
+    without = comm.comm_bytes(TINY, step, ParallelLayout(dp=2, fsdp=True))
+    replicated = comm.comm_bytes(TINY, step, ParallelLayout(dp=2, cp=2))
+    params = comm.rank_params(TINY, ParallelLayout(dp=2, cp=2))
+    assert with_cp.data == without.data
+    assert with_cp.context - replicated.context == pytest.approx(2 * 1 / 2 * 4 * params / 2)

@@ -2,7 +2,8 @@
 
 For every layout the validation allows (comm.layouts), per rank:
   memory  = model states (the precision's bytes per parameter it holds, precision.py, ÷ the
-            data x context ranks under FSDP, plus FSDP's gathered layers: two layers' bf16
+            data-parallel ranks under FSDP, which shards over data parallel alone as
+            trainer/parallel/shard.py does, plus FSDP's gathered layers: two layers' bf16
             weights, the one running and the one prefetched) + activations
             (memory.activation_bytes_per_layer in the precision's sizes, TP/SP split, s/c
             tokens, × the micro-batches in flight at the first pipeline stage) + the head's logits;
@@ -57,7 +58,7 @@ def cost(
     sent = comm.comm_bytes(shape, step, lay)
     params = comm.rank_params(shape, lay)
     spec = SPECS[precision]
-    states = params * spec.states.total / (lay.dp * lay.cp if lay.fsdp else 1)
+    states = params * spec.states.total / (lay.dp if lay.fsdp else 1)
     if lay.fsdp:
         states += 2 * 2 * (params - shape.vocab * shape.dim) / max(shape.layers / lay.pp, 1)
     per_layer = memory.activation_bytes_per_layer(
