@@ -212,7 +212,7 @@ DTYPES: dict[str, str | None] = {
     "float32": "float32",
     "bf16": "bfloat16",
     "bfloat16": "bfloat16",
-    "fp16": "float16",  # with dynamic loss scaling (trainer/loop.py)
+    "fp16": "float16",  # with dynamic loss scaling (trainer/model_setup.py)
     "float16": "float16",
     # #20: fp8 linears (trainer/fp8.py) inside bf16 autocast: bf16 is the compute dtype.
     "fp8": "bfloat16",

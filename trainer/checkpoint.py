@@ -178,6 +178,20 @@ def load_optimizer_state(model, optimizer, state: dict) -> None:
     set_optimizer_state_dict(model, optimizer, state, options=_state_options())
 
 
+def rng_state(device: torch.device) -> dict:
+    """This process's RNG states (CPU, and `device`'s under CUDA), for train.pt."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict, device: torch.device) -> None:
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
 def verify(path: Path, files: tuple[str, ...] = FILES) -> CheckpointMeta:
     """meta.json of checkpoint `path` after checking `files` against it; else CheckpointError.
     With `FILES` (what a resume reads), the distributed checkpoint's shards too."""

@@ -10,8 +10,8 @@ from trainer import evaluate
 from trainer.data.loader import PackedRowLoader
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
-from trainer.loop import build_model
 from trainer.model import attention_layout
+from trainer.model_setup import build_model
 from trainer.testing import tiny_job
 
 torch.set_num_threads(1)

@@ -4,6 +4,10 @@ A step: read `grad_accum` micro-batches, agree across ranks on how many tokens c
 (the loss is the mean over every labelled token of the global batch, however they are split
 into micro-batches and ranks), forward and backward each micro-batch (gradients all-reduced on
 the last), clip, let the loss guard veto the update, step the optimizer and the schedule.
+
+What the loop is built on and delegates to lies beside it: model_setup.py (the model, its
+parallel wrapping, optimizer and schedule), step.py (the step's compute and token accounting),
+loop_checkpoint.py (save, resume, rollback restore).
 """
 
 import contextlib
@@ -15,20 +19,17 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
-from protos import job_pb2, layout, trainer_config_pb2
-from protos.enums import enum_name
-from trainer import checkpoint, distributed, evaluate, expert_parallel, fp8, moe
+from protos import job_pb2, trainer_config_pb2
+from trainer import checkpoint, evaluate, model_setup, moe
 from trainer.config import train_dtype
-from trainer.distributed import DistEnv
-from trainer.grad_noise import GradientNoiseScale, MicroBatchGradNorm
+from trainer.distributed import DistEnv, unwrap
+from trainer.grad_noise import GradientNoiseScale
 from trainer.health.monitor import HealthMonitor
+from trainer.loop_checkpoint import LoopCheckpoints, TrainingError
 from trainer.loss_guard import LossGuard, Verdict
 from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_start_time
-from trainer.model import Transformer, attention_layout, select_ops
-from trainer.optim import build_optimizer, build_scheduler
 from trainer.sizing import flops
+from trainer.step import agree_counts, batch_positions, engine_step, is_logged, train_step
 
 
 def trainer_parallel_wire():
@@ -45,40 +46,9 @@ class Outcome(enum.Enum):
     PREEMPTED = "preempted"  # a stop was requested: a checkpoint was saved, the job may resume
 
 
-class TrainingError(RuntimeError):
-    """Training cannot go on (e.g. the loss diverged with no checkpoint to roll back to)."""
+class Trainer(LoopCheckpoints):
+    """Pretrain or SFT one run: `resume_or_init`, then `run` (checkpoints: loop_checkpoint.py)."""
 
-
-def seed_everything(seed: int) -> None:
-    torch.manual_seed(seed)  # also seeds every CUDA device
-
-
-def rng_state(device: torch.device) -> dict:
-    state = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["cpu"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def build_model(
-    cfg: trainer_config_pb2.TrainerConfig,
-    vocab_size: int,
-    device: torch.device,
-    recompute: str = "NONE",
-) -> Transformer:
-    """The Transformer of a resolved config, initialized from `train.seed`, on `device`."""
-    seed_everything(cfg.train.seed)
-    ops = select_ops(cfg.model.use_kernels, device)
-    return Transformer(cfg.model, vocab_size, ops=ops, recompute=recompute).to(device)
-
-
-class Trainer:
     def __init__(
         self,
         cfg: trainer_config_pb2.TrainerConfig,
@@ -96,60 +66,21 @@ class Trainer:
         self.cfg, self.kind, self.env, self.log = cfg, kind, env, log
         self.run_dir, self.dataset_path = Path(run_dir), str(dataset_path)
         self.device, self.dtype = env.device, train_dtype(cfg, env.device)
-        t = cfg.train
-        self.parallelism = enum_name(t, "parallelism")
-        if env.world_size == 1:
-            self.parallelism = "SINGLE"
         self.vocab_size = vocab_size
-        model = build_model(cfg, vocab_size, self.device, enum_name(t, "recompute"))
-        if fp8.enabled(cfg):  # #20: the blocks' Linear layers in float8 (CUDA 8.9+ only)
-            swapped = fp8.convert(model, fp8.backend_for(self.device))
-            log(f"fp8: {len(swapped)} Linear layers compute in float8 (tensorwise scaling)")
-        self.flops_per_token = flops.flops_per_token(
-            model.matmul_params(),
-            cfg.model.n_layers,
-            cfg.model.n_heads,
-            cfg.model.dim // cfg.model.n_heads,
-            cfg.data.seq_len,
-        )
-        # Counted whole, before a pipeline layout keeps only this rank's stages.
-        n_params, n_matmul = sum(p.numel() for p in model.parameters()), model.matmul_params()
-        if t.compile:
-            for block in model.layers:
-                block.compile()
-        # Tensor/pipeline/context parallel (trainer/parallel): the engine runs the step; ranks
-        # of one data-parallel group read the same rows.
-        self.layout = layout.from_train(t, env.world_size)
-        self.engine = None
-        data_rank, data_ranks = env.rank, env.world_size
-        if self.layout.model_parallel:
-            from trainer.parallel import mesh
-            from trainer.parallel.engine import Engine
-
-            lay_mesh = mesh.build(self.layout, self.device)
-            self.engine = Engine(model, lay_mesh, t.grad_accum, self.dtype)
-            data_rank, data_ranks = lay_mesh.rank("dp"), self.layout.dp
-            self.parallelism = self.layout.describe()
-            self.model = model
-        elif self.parallelism == "EXPERT":
-            ep = t.expert_parallel or env.world_size
-            self.model = expert_parallel.wrap(model, env, ep)
-        else:
-            self.model = distributed.wrap(model, self.parallelism, env, self.dtype)
-        self.copies = env.world_size // data_ranks  # ranks that read the same rows
-        self.optimizer = build_optimizer(self.model, cfg.optim, self.device)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, t.steps)
-        # fp16's 5 exponent bits underflow small gradients: the loss is scaled up before
-        # backward and the gradients down before the update, and a step whose gradients
-        # overflowed is skipped while the scale halves. bf16 has fp32's range and needs none.
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.dtype == torch.float16)
+        parts = model_setup.set_up(cfg, env, vocab_size, self.dtype, log)
+        self.model, self.engine, self.layout = parts.model, parts.engine, parts.layout
+        self.parallelism, self.flops_per_token = parts.parallelism, parts.flops_per_token
+        self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
+        self.scaler = parts.scaler
+        self.copies = env.world_size // parts.data_ranks  # ranks that read the same rows
+        t = cfg.train
         self.loader = PackedRowLoader(
             self.dataset_path,
             split="train",
             batch_size=t.micro_batch,
             seed=t.seed,
-            rank=data_rank,
-            world_size=data_ranks,
+            rank=parts.data_rank,
+            world_size=parts.data_ranks,
         )
         # Where the next step's batches start: what a checkpoint records. A preemption noticed
         # after this step's batches were read saves the position before them.
@@ -173,114 +104,13 @@ class Trainer:
         self.restore_s = 0.0  # spent restoring in this process (not start-up)
         # replaced by main: SIGTERM or the launcher
         self.stop_requested: Callable[[], bool] = lambda: False
-        ops = "Triton kernels" if model.ops.__name__ == "kernels" else "PyTorch reference ops"
         log(
-            f"model: {n_params / 1e6:.2f} M parameters "
-            f"({n_matmul / 1e6:.2f} M in matmuls), {ops}, {self.dtype}, "
+            f"model: {parts.n_params / 1e6:.2f} M parameters "
+            f"({parts.n_matmul / 1e6:.2f} M in matmuls), {parts.ops}, {self.dtype}, "
             f"{self.parallelism} on {env.world_size} x {self.device.type}, "
             f"{self.flops_per_token / 1e6:.1f} MFLOP/token, "
             f"peak {self.metrics.peak / 1e12:.3g} TFLOP/s ({self.metrics.basis})"
         )
-
-    # ------------------------------------------------------------------ checkpoints
-
-    def train_state(self) -> dict:
-        return {
-            "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(self.device),
-            "guard": self.guard.state_dict(),
-            "noise": self.noise.state_dict(),
-            "goodput": self.goodput.state_dict(),
-            "tokens_total": self.tokens_total,
-            "grad_scaler": self.scaler.state_dict(),  # {} unless fp16
-        }
-
-    def save(self) -> Path:
-        """The checkpoint written (under a model-parallel layout, with every rank's shards)."""
-        start = time.perf_counter()
-        run = checkpoint.TrainingRun(
-            kind=job_pb2.JobKind.Name(self.kind),
-            model=self.cfg.model,
-            vocab_size=self.vocab_size,
-            dataset=self.dataset_path,
-            world_size=self.env.world_size,
-        )
-        path = self.checkpointer.save(
-            self.step,
-            self.model,
-            self.optimizer,
-            self.train_state(),
-            self.loader_position,
-            run,
-            mesh=self.engine.mesh if self.engine else None,
-        )
-        self.goodput.add("checkpoint_save", time.perf_counter() - start)
-        self.goodput.checkpointed()
-        return path
-
-    def restore(
-        self,
-        path: Path,
-        meta: checkpoint.CheckpointMeta,
-        *,
-        rollback: bool = False,
-        badput: str = "lost",
-    ) -> None:
-        """Load checkpoint `path`. A resume also restores the data position and RNG; a
-        rollback keeps the loader where it is, so the batches that caused it are skipped.
-        `badput`: the goodput bucket the rolled-back progress goes to."""
-        from trainer.data.loader import resharded
-
-        start = time.perf_counter()
-        # The same checkpoint resumes under another layout (trainer/parallel/dcp.py): the
-        # loader's position is re-expressed for this run's data-parallel ranks.
-        try:
-            position = resharded(meta.loader[0], self.loader.world_size, self.loader.rank)
-            state = checkpoint.load(
-                path, self.model, self.optimizer, self.env.rank, sharded=self.engine is not None
-            )
-        except (ValueError, checkpoint.CheckpointError) as e:
-            raise TrainingError(f"{path}: {e}") from e
-        if meta.world_size != self.env.world_size:
-            self.log(
-                f"{path}: written by {meta.world_size} processes, resumed by "
-                f"{self.env.world_size} ({self.parallelism})"
-            )
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = meta.step
-        if rollback:
-            counters = self.guard.skipped, self.guard.rollbacks
-            self.guard.load_state_dict(state["guard"])
-            self.guard.skipped, self.guard.rollbacks = counters
-            self.goodput.rolled_back(badput)
-        else:
-            self.loader.load_state_dict(position)
-            set_rng_state(state["rng"], self.device)
-            self.guard.load_state_dict(state["guard"])
-            self.noise.load_state_dict(state["noise"])
-            self.goodput.resume(state["goodput"])
-            self.tokens_total = state["tokens_total"]
-            if state.get("grad_scaler"):
-                self.scaler.load_state_dict(state["grad_scaler"])
-        self.loader_position = self.loader.state_dict()
-        self.restore_s += time.perf_counter() - start
-        self.goodput.add("checkpoint_restore", time.perf_counter() - start)
-
-    def resume_or_init(self) -> None:
-        """Continue from the newest valid checkpoint of this run, else (SFT) start from
-        `checkpoint.path`, else from the seeded initialization."""
-        if self.cfg.checkpoint.resume:
-            found = self.checkpointer.find(warn=self.log)
-            if found:
-                self.restore(*found)
-                self.log(f"resumed from {found[0]} (step {self.step})")
-                return
-        if self.kind == job_pb2.SFT and self.cfg.checkpoint.path:
-            path = Path(self.cfg.checkpoint.path)
-            meta = checkpoint.pretrained(path, self.cfg.model, self.vocab_size)
-            state = torch.load(path / "model.pt", map_location="cpu", mmap=True)
-            checkpoint.load_model_state(self.model, state)
-            self.log(f"fine-tuning from {path} (step {meta.step})")
 
     # ------------------------------------------------------------------ one step
 
@@ -290,51 +120,22 @@ class Trainer:
     def train_step(self, batches: list[dict], n_tokens: float) -> tuple[float, float]:
         """Forward/backward every micro-batch, then clip; returns (mean loss, grad norm).
         `n_tokens`: labelled tokens in the global batch (all micro-batches, all ranks)."""
+        clip = self.cfg.optim.grad_clip
         if self.engine is not None:
-            share = self.engine.forward_backward(batches, n_tokens)
-            grad_norm = self.engine.clip(self.cfg.optim.grad_clip)
-            return float(distributed.all_reduce_sum(share.view(1))[0]) / n_tokens, grad_norm
-        accum, world = len(batches), self.env.world_size
-        autocast = torch.autocast(
-            self.device.type,
+            return engine_step(self.engine, batches, n_tokens, clip)
+        return train_step(
+            self.model,
+            batches,
+            n_tokens,
+            optimizer=self.optimizer,
+            scaler=self.scaler,
+            noise=self.noise,
+            device=self.device,
             dtype=self.dtype,
-            enabled=self.dtype != torch.float32 and self.parallelism != "FSDP",
+            autocast=self.parallelism != "FSDP",
+            grad_clip=clip,
+            world_size=self.env.world_size,
         )
-        # Per-micro-batch gradient norms feed the noise scale (grad_noise.py, under DDP and
-        # FSDP alike); one micro-batch on one rank has no smaller batch to compare with.
-        measure_noise = accum > 1
-        loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        small = torch.zeros(2, device=self.device, dtype=torch.float64)
-        for k, b in enumerate(batches):
-            layout = attention_layout(b["document_ids"], self.device, self.dtype)
-            b = {key: v.to(self.device, non_blocking=True) for key, v in b.items()}
-            with distributed.gradient_sync(self.model, k == accum - 1), autocast:
-                loss = self.model(b["input_ids"], b["position_ids"], layout, b["labels"])
-            probe = MicroBatchGradNorm(loss) if k == 0 and measure_noise else None
-            self.scaler.scale(loss * (world / n_tokens)).backward()
-            loss_sum += loss.detach()
-            if probe is not None:
-                n_small = float((b["labels"] != -100).sum())
-                # The accumulated gradient is sum-loss * world / n_tokens: rescale to a mean.
-                scale = n_tokens / (world * max(n_small, 1.0))
-                # Under fp16 the gradients are still multiplied by the loss scale here.
-                small[0] = probe.close() * (scale / self.scaler.get_scale()) ** 2
-                small[1] = n_small
-        totals = distributed.all_reduce_sum(torch.cat([loss_sum.view(1), small]))
-        clip = self.cfg.optim.grad_clip or math.inf
-        self.scaler.unscale_(self.optimizer)  # clip the true gradients (no-op unless fp16)
-        if isinstance(self.model, expert_parallel.ExpertParallel):  # a norm over all experts
-            grad_norm = self.model.clip_grad_norm_(clip)
-        else:
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP
-            grad_norm = grad_norm.full_tensor()
-        grad_norm = float(grad_norm)
-        if measure_noise:
-            self.noise.update(
-                float(totals[1]) / world, float(totals[2]) / world, grad_norm**2, n_tokens
-            )
-        return float(totals[0]) / n_tokens, grad_norm
 
     # ------------------------------------------------------------------ the loop
 
@@ -363,26 +164,20 @@ class Trainer:
         start = time.perf_counter()
         batches = self._micro_batches()
         data_s = time.perf_counter() - start
-        labelled = sum(int((b["labels"] != -100).sum()) for b in batches)
-        padding = sum(int((b["document_ids"] < 0).sum()) for b in batches)
-        local = [labelled, padding, int(self.stop_requested())]
-        agreed = distributed.all_reduce_sum(
-            torch.tensor(local, dtype=torch.float64, device=self.device)
-        ).tolist()
-        agreed[:2] = [x / self.copies for x in agreed[:2]]  # rows read by several ranks
-        if agreed[2] > 0:
+        agreed = agree_counts(batches, self.stop_requested(), self.copies, self.device)
+        if agreed.stop:
             path = self.save()
             self.log(f"stop requested: saved {path} at step {self.step}; exiting")
             return Outcome.PREEMPTED
         self.health.before_compute()
         # Under a model-parallel layout, logged steps also time the collectives (each waited
         # for where it is issued: the logged step runs without overlap; the others are free).
-        logs = self._logs(self.step + 1, first_step)
+        logs = is_logged(self.step + 1, first_step, t)
         timed = trainer_parallel_wire().WireCounter() if self.engine and logs else None
         # A replay check (trainer/health/replay.py) runs the update twice from one snapshot.
         loss, grad_norm, verdict, lr = self.health.run_step(
             self.step + 1,
-            lambda: self._update(batches, max(agreed[0], 1.0), timed),
+            lambda: self._update(batches, max(agreed.labelled, 1.0), timed),
             self.model,
             self.optimizer,
             (self.scheduler, self.scaler, self.guard, self.noise),
@@ -390,7 +185,7 @@ class Trainer:
         self.step += 1
         self.loader_position = self.loader.state_dict()
         step_s = time.perf_counter() - start
-        self.health.step_ended(self.step, step_s, data_s, distributed.unwrap(self.model))
+        self.health.step_ended(self.step, step_s, data_s, unwrap(self.model))
         self.goodput.add("data", data_s)
         if verdict is not Verdict.OK:
             self.goodput.add("lost", step_s - data_s)
@@ -403,15 +198,13 @@ class Trainer:
         if verdict is Verdict.OK and mismatch is not None:
             self._sdc_rollback(mismatch)
             return None
-        positions = sum(b["document_ids"].numel() for b in batches) * (
-            self.env.world_size // self.copies
-        )
-        tokens = positions - int(agreed[1])
+        positions = batch_positions(batches, self.env.world_size, self.copies)
+        tokens = positions - int(agreed.padding)
         self.tokens_total += tokens
         self.metrics.step(
             tokens=tokens,
             positions=positions,
-            padding=int(agreed[1]),
+            padding=int(agreed.padding),
             loss=loss if verdict is Verdict.OK else None,
             step_time=step_s,
             data_time=data_s,
@@ -454,11 +247,6 @@ class Trainer:
             warnings.filterwarnings("ignore", "Detected call of `lr_scheduler")
             self.scheduler.step()
         return loss, grad_norm, verdict, lr
-
-    def _logs(self, step: int, first_step: int) -> bool:
-        """Whether step `step` (1-based) is reported."""
-        t = self.cfg.train
-        return step % t.log_every == 0 or step in (first_step + 1, t.steps)
 
     def _rollback(self) -> None:
         found = self.checkpointer.find(warn=self.log)

@@ -32,7 +32,7 @@ import torch
 
 from protos import trainer_config_pb2 as pb
 from protos.validation import resolve_trainer
-from trainer import loop
+from trainer import model_setup
 from trainer.bench.machine import machine
 from trainer.data.loader import IGNORE, PackedRowLoader
 from trainer.data.packing import STRATEGIES
@@ -45,7 +45,7 @@ class Side:
 
     def __init__(self, cfg: pb.TrainerConfig, ds: PrecookedDataset, device: torch.device):
         self.ds, self.device = ds, device
-        self.model = loop.build_model(cfg, ds.tokenizer.vocab_size, device)
+        self.model = model_setup.build_model(cfg, ds.tokenizer.vocab_size, device)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr)
         self.loader = PackedRowLoader(ds.path, batch_size=cfg.train.micro_batch, seed=1)

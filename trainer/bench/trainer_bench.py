@@ -25,7 +25,7 @@ import torch
 
 from protos import job_pb2, trainer_config_pb2
 from protos.validation import resolve_trainer
-from trainer import loop
+from trainer import loop, model_setup
 from trainer.data.loader import PackedRowLoader
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
@@ -68,7 +68,7 @@ class HandLoop:
     """The plainest loop that trains the same model on the same batches."""
 
     def __init__(self, cfg, ds, env):
-        self.model = loop.build_model(cfg, ds.tokenizer.vocab_size, env.device)
+        self.model = model_setup.build_model(cfg, ds.tokenizer.vocab_size, env.device)
         o = cfg.optim
         self.clip = o.grad_clip
         self.optimizer = torch.optim.AdamW(

@@ -18,8 +18,9 @@ from trainer import checkpoint
 from trainer.config import train_dtype
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
 from trainer.distributed import DistEnv
-from trainer.loop import install_sigterm_handler, seed_everything
+from trainer.loop import install_sigterm_handler
 from trainer.metrics import MetricsLogger
+from trainer.model_setup import seed_everything
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.rl import policy, verifiers
 from trainer.sizing import flops

@@ -21,11 +21,13 @@ from trainer import checkpoint, distributed
 from trainer.config import train_dtype
 from trainer.data.image_loader import ImageRowLoader
 from trainer.distributed import DistEnv
-from trainer.loop import Outcome, rng_state, seed_everything, set_rng_state
+from trainer.loop import Outcome
 from trainer.loss_guard import LossGuard, Verdict
 from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_start_time
+from trainer.model_setup import seed_everything
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.sizing import flops
+from trainer.step import is_logged
 from trainer.vlm import evaluate
 from trainer.vlm.model import VisionLanguageModel
 
@@ -113,7 +115,7 @@ class VlmTrainer:
         )
         state = {
             "scheduler": self.scheduler.state_dict(),
-            "rng": rng_state(self.device),
+            "rng": checkpoint.rng_state(self.device),
             "guard": self.guard.state_dict(),
             "goodput": self.goodput.state_dict(),
             "tokens_total": self.tokens_total,
@@ -135,7 +137,7 @@ class VlmTrainer:
         state = checkpoint.load(path, self.model, self.optimizer, self.env.rank)
         self.scheduler.load_state_dict(state["scheduler"])
         self.loader.load_state_dict(meta.loader[self.env.rank])
-        set_rng_state(state["rng"], self.device)
+        checkpoint.set_rng_state(state["rng"], self.device)
         self.guard.load_state_dict(state["guard"])
         self.goodput.resume(state["goodput"])
         self.step, self.tokens_total = meta.step, state["tokens_total"]
@@ -150,7 +152,7 @@ class VlmTrainer:
         counts = torch.tensor([n_local, text_local], dtype=torch.float64, device=self.device)
         n, text = (float(c) for c in distributed.all_reduce_sum(counts))
         loss_sum = torch.zeros((), device=self.device, dtype=torch.float64)
-        # bf16 autocast on CUDA, fp32 on CPU, as the text trainer (loop.py) does
+        # bf16 autocast on CUDA, fp32 on CPU, as the text trainer (step.py) does
         autocast = torch.autocast(
             self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
         )
@@ -209,7 +211,7 @@ class VlmTrainer:
                 raise RuntimeError(
                     f"loss guard: {t.max_bad_steps} bad steps in a row at step {self.step}"
                 )
-            if self.step % t.log_every == 0 or self.step in (first + 1, t.steps):
+            if is_logged(self.step, first, t):
                 p = self.metrics.emit(
                     step=self.step,
                     grad_norm=grad_norm,
