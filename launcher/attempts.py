@@ -12,7 +12,7 @@ is the fallback of a failed SIGTERM).
 import os
 
 from launcher import scheduler
-from launcher.executors import handoff
+from launcher.executors import handoff, task_array
 from launcher.executors.base import Launch, Observed, Status, last_line
 from launcher.faults import ErrorLog, Holds
 from launcher.unfinished import LiveAttempt
@@ -83,6 +83,8 @@ class Attempts:
                 last = max(last, os.path.getmtime(os.path.join(job.run_dir, "metrics.jsonl")))
             except OSError:
                 pass
+            if "precook_tasks" in live.handle:  # a PRECOOK job's steps: alive while they log
+                last = max(last, task_array.last_output(live.handle["attempt_dir"]))
         if not scheduler.hung(last, timeout, now):
             return ""
         reason = f"no progress for {now - last:.0f} s (timeout {timeout:.0f} s)"

@@ -1,7 +1,9 @@
-"""Training health in the launcher: per-rank series with a bounded `rank` label, and the
-trainer's hang report (which names the stuck rank and the stack dumps) in the job's status."""
+"""Training health in the launcher: per-rank series with a bounded `rank` label, the
+trainer's hang report (which names the stuck rank and the stack dumps) in the job's status,
+and what counts as a sign of life for the hang detector."""
 
 import logging
+import os
 import time
 
 from prometheus_client import generate_latest
@@ -9,11 +11,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from launcher import settings
 from launcher.attempts import Attempts
-from launcher.executors.base import Observed, Status
+from launcher.executors import task_array
+from launcher.executors.base import Observed, Status, attempt_dir
 from launcher.faults import ErrorLog, Holds
 from launcher.metrics import RANK_SERIES_LIMIT, LauncherMetrics
 from launcher.unfinished import LiveAttempt
 from protos import hang_report, job_pb2, launcher_pb2, progress_pb2
+from protos.precook_steps import PrecookStep
 
 
 def rank_samples(metrics: LauncherMetrics, name: str) -> dict[str, float]:
@@ -88,3 +92,32 @@ def test_an_earlier_attempts_report_is_not_this_attempts_story(tmp_path):
     (tmp_path / "output.log").write_text("RuntimeError: boom\n")
     assert attempts.end_detail(live, Observed(Status.EXITED, 1, "")) == "RuntimeError: boom"
     assert attempts.hang_reason(live, started + 70) == "no progress for 70 s (timeout 5 s)"
+
+
+def test_a_precook_task_that_logs_is_alive_and_a_silent_one_hangs(tmp_path):
+    """A PRECOOK job's steps send no progress reports: a task step's log line (every
+    trainer/data/tasks.py LOG_EVERY_SECONDS) is its sign of life."""
+    started = time.time() - 3600
+    attempts = Attempts(
+        settings.resolve(launcher_pb2.LauncherConfig()),
+        {},
+        {},
+        ErrorLog(logging.getLogger("t")),
+        Holds(),
+    )
+    job = job_pb2.Job(id="j3", run_dir=str(tmp_path), state=job_pb2.RUNNING)
+    job.spec.kind, job.spec.hang_timeout_seconds = job_pb2.PRECOOK, 600
+    d = attempt_dir(str(tmp_path), 1)
+    live = LiveAttempt(job, {"attempt_dir": d, "precook_tasks": 4}, started_at=started)
+    log = os.path.join(task_array.step_dir(d, PrecookStep.TASK, 2), "output.log")
+    os.makedirs(os.path.dirname(log))
+    with open(log, "w") as f:
+        f.write("task 2: 10/400 units tokenized\n")
+    os.utime(log, (started + 3300, started + 3300))  # 5 minutes ago
+    assert attempts.hang_reason(live, started + 3600) == ""
+    os.utime(log, (started + 2400, started + 2400))  # 20 minutes ago: past the timeout
+    assert attempts.hang_reason(live, started + 3600) == "no progress for 1200 s (timeout 600 s)"
+    # Another kind of job is not kept alive by such a log.
+    os.utime(log, (started + 3300, started + 3300))
+    other = LiveAttempt(job, {"attempt_dir": d}, started_at=started)
+    assert attempts.hang_reason(other, started + 3600) == "no progress for 3600 s (timeout 600 s)"

@@ -106,6 +106,22 @@ def merged(attempt_dir: str) -> Observed | None:
     return exit_status(step_dir(attempt_dir, PrecookStep.MERGE))
 
 
+def last_output(attempt_dir: str) -> float:
+    """When a step of the attempt last wrote to its log (0: none has). The steps send no
+    progress reports, and one task can run for hours before any finishes, so the launcher's
+    hang detector takes a step's log line as a sign of life (a task logs every
+    trainer/data/tasks.py LOG_EVERY_SECONDS while it tokenizes)."""
+    logs = glob.glob(os.path.join(attempt_dir, "*", "output.log"))
+    logs += glob.glob(os.path.join(attempt_dir, TASKS_DIR, "*", "output.log"))
+    times = []
+    for path in logs:
+        try:
+            times.append(os.path.getmtime(path))
+        except OSError:  # a step directory being removed
+            pass
+    return max(times, default=0.0)
+
+
 def step_pgids(attempt_dir: str) -> list[int]:
     """The process groups of the steps' trainers that are still alive (for a SIGKILL)."""
     out = []

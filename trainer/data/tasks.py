@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -43,6 +44,9 @@ from trainer.data.progress import Say
 
 JOB = "job.json"
 TOKENIZER_DIR = "tokenizer"
+# A task logs its count of tokenized units at most this often: the launcher takes the line as a
+# sign of life (its hang timeout defaults to 30 minutes; one task may run for hours).
+LOG_EVERY_SECONDS = 60.0
 
 
 class TaskError(PrecookError):
@@ -162,10 +166,18 @@ def run_task(directory: str, index: int) -> bool:
     if len(units) and job.tokenizer is not None:
         tok_dir = os.path.join(directory, TOKENIZER_DIR)
         tokenized._load_worker(*tokenized.worker_args(job.cfg, job.plan, job.tokenizer, tok_dir))
-        for u in units:
+        logged = time.monotonic()
+        for k, u in enumerate(units, 1):
             _save_result(
                 os.path.join(tmp, f"unit-{u:07d}.npz"), tokenized.tokenize_unit(job.plan.units[u])
             )
+            if time.monotonic() - logged >= LOG_EVERY_SECONDS:
+                # The launcher's hang detector reads this line as a sign of life
+                # (launcher/executors/task_array.py last_output).
+                print(
+                    f"task {index}: {k}/{len(units)} units tokenized", file=sys.stderr, flush=True
+                )
+                logged = time.monotonic()
     files.fsync_dir(tmp)
     os.rename(tmp, part)
     files.fsync_dir(os.path.dirname(part))

@@ -86,6 +86,17 @@ def test_merge_refuses_a_job_with_a_missing_part(mixture, tmp_path):
         tasks.merge(job, str(tmp_path), say)
 
 
+def test_a_running_task_logs_its_units_for_the_launchers_hang_detector(
+    mixture, tmp_path, monkeypatch, capsys
+):
+    job = tasks.prepare(mixture, str(tmp_path), 2, say)
+    monkeypatch.setattr(tasks, "LOG_EVERY_SECONDS", 0.0)  # a line after every unit
+    assert tasks.run_task(job.directory, 1)
+    n = len(job.units_of(1))
+    lines = capsys.readouterr().err.splitlines()
+    assert n > 1 and lines == [f"task 1: {k}/{n} units tokenized" for k in range(1, n + 1)]
+
+
 def test_precook_build_tasks_flag_runs_local_tasks_to_the_same_dataset(tmp_path, capsys):
     root = str(tmp_path / "corpus")
     testdata.write_text_corpus(root, n=30, seed=3)
