@@ -4,9 +4,10 @@
               directory: job.json (the plan: units, files, sources) and tokenizer/
     task i    (N processes: run_local, or a PRECOOK job's tasks on the launcher's pool, a
               Slurm array job or local processes: task_steps.py) tokenize the i-th
-              contiguous slice of the units, one .npz per unit, into parts/<i>.tmp, renamed to
-              parts/<i> when complete. A task whose part exists returns at once, so a rerun
-              (or a retry of the one failed task) redoes nothing that finished.
+              contiguous slice of the units, one .npz per unit, into a directory of its own
+              (parts/<i>.tmp-*), renamed to parts/<i> when complete. A task whose part exists
+              returns at once, so a rerun (or a retry of the one failed task) redoes nothing
+              that finished.
     merge     (one process) read the parts in unit order as the single-machine tokenizer reads
               its workers' results, write the tokenized cache entry (tokenized._build), then
               pack: filters, dedup, the mixture and best-fit packing see every document's
@@ -25,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 
@@ -159,9 +161,12 @@ def run_task(directory: str, index: int) -> bool:
     part = job.part(index)
     if os.path.isdir(part):
         return False
-    tmp = f"{part}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)  # left by a killed attempt
-    os.makedirs(tmp)
+    # A directory of this run's own: the same task can run twice at once (a Slurm step
+    # orphaned by a launcher crash next to its retry, a requeue), and two runs sharing one
+    # directory could rename a part with units missing. A killed run's directory stays until
+    # the merge removes the job directory.
+    os.makedirs(os.path.dirname(part), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f"{os.path.basename(part)}.tmp-", dir=os.path.dirname(part))
     units = job.units_of(index)
     if len(units) and job.tokenizer is not None:
         tok_dir = os.path.join(directory, TOKENIZER_DIR)
@@ -179,7 +184,13 @@ def run_task(directory: str, index: int) -> bool:
                 )
                 logged = time.monotonic()
     files.fsync_dir(tmp)
-    os.rename(tmp, part)
+    try:
+        os.rename(tmp, part)
+    except OSError:
+        if not os.path.isdir(part):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # another run finished first: the same bytes
+        return False
     files.fsync_dir(os.path.dirname(part))
     return True
 

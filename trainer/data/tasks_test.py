@@ -97,6 +97,28 @@ def test_a_running_task_logs_its_units_for_the_launchers_hang_detector(
     assert n > 1 and lines == [f"task 1: {k}/{n} units tokenized" for k in range(1, n + 1)]
 
 
+def test_two_runs_of_one_task_at_once_leave_one_whole_part(mixture, tmp_path, monkeypatch):
+    """A second run of task 0 starts and finishes while the first is between units (an
+    orphaned Slurm step beside its retry): each writes its own directory, the first to finish
+    renames it to the part, the other finds the part there and discards its own."""
+    job = tasks.prepare(mixture, str(tmp_path), 2, say)
+    n = len(job.units_of(0))
+    save, inner = tasks._save_result, []
+
+    def save_then_race(path, result):
+        save(path, result)
+        if not inner:  # the outer run's first unit is written: the second run goes now
+            inner.append(None)
+            inner[0] = tasks.run_task(job.directory, 0)
+
+    monkeypatch.setattr(tasks, "_save_result", save_then_race)
+    assert n > 1 and tasks.run_task(job.directory, 0) is False  # the inner run finished first
+    assert inner == [True]
+    parts = os.path.dirname(job.part(0))
+    assert sorted(os.listdir(parts)) == [os.path.basename(job.part(0))]  # no directory left
+    assert len(os.listdir(job.part(0))) == n
+
+
 def test_precook_build_tasks_flag_runs_local_tasks_to_the_same_dataset(tmp_path, capsys):
     root = str(tmp_path / "corpus")
     testdata.write_text_corpus(root, n=30, seed=3)
