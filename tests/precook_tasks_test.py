@@ -72,10 +72,10 @@ def run_with_a_failing_task(cfg: launcher_pb2.LauncherConfig, data, one_process,
     job_spec = spec(data)
     cache = os.path.join(cfg.state_dir, "precook")
     # The job's directory, prepared as the job's own prepare step will find it again (the same
-    # config, the same key): a file where task 2 makes its part's directory fails that task.
+    # config, the same key): a file where task 2 renames its finished part fails that task.
     job = tasks.prepare(validate_job_spec(job_spec).data, cache, N_TASKS, reporter(False))
     assert all(len(job.units_of(i)) >= 1 for i in range(N_TASKS)), "every task must have work"
-    blocker = f"{job.part(2)}.tmp"
+    blocker = job.part(2)
     with open(blocker, "w") as f:
         f.write("in the way")
     with h.started(cfg) as (launcher, client):

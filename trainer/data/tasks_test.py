@@ -103,12 +103,13 @@ def test_two_runs_of_one_task_at_once_leave_one_whole_part(mixture, tmp_path, mo
     renames it to the part, the other finds the part there and discards its own."""
     job = tasks.prepare(mixture, str(tmp_path), 2, say)
     n = len(job.units_of(0))
-    save, inner = tasks._save_result, []
+    save = tasks._save_result
+    inner: list[bool | None] = []  # what the second run returned
 
     def save_then_race(path, result):
         save(path, result)
         if not inner:  # the outer run's first unit is written: the second run goes now
-            inner.append(None)
+            inner.append(None)  # before the call: the second run saves units too
             inner[0] = tasks.run_task(job.directory, 0)
 
     monkeypatch.setattr(tasks, "_save_result", save_then_race)
