@@ -20,11 +20,13 @@ import torch.distributed as dist
 from protos import trainer_config_pb2
 from protos.layout import ParallelLayout, Schedule
 from trainer import distributed
+from trainer.grad_noise import GradientNoiseScale
 from trainer.model import Transformer, attention_layout, select_ops
 from trainer.optim import build_optimizer
 from trainer.parallel import dcp, mesh
 from trainer.parallel.engine import Engine
 from trainer.parallel.wire import WireCounter
+from trainer.step import train_step
 
 STEPS, ROWS, GRAD_ACCUM, SEQ, VOCAB, SEED = 3, 4, 2, 32, 96, 7  # ROWS: per micro-batch, all ranks
 LR, CLIP = 1e-2, 1.0
@@ -176,32 +178,36 @@ def train(lay: ParallelLayout, steps: range, engine: Engine | None = None, optim
 
 def train_plain(lay: ParallelLayout, steps: range):
     """The trainer's path without the engine (`parallelism: FSDP` with no model parallelism):
-    distributed.wrap shards the model, and each micro-batch runs as trainer/loop.py runs it:
-    the forward inside distributed.gradient_sync, the backward after it. Returns (the model,
-    the layout's mesh, losses, norms, bytes rank 0 sent in step 1 by mesh dimension)."""
+    distributed.wrap shards the model and trainer/step.py's train_step (the loop's own step)
+    runs each step. Returns (the model, the layout's mesh, losses, norms, bytes rank 0 sent in
+    step 1 by mesh dimension)."""
     model = distributed.wrap(build_model(), "FSDP", distributed.init(), torch.float32)
     optimizer = build_optimizer(model, optim_config(), "cpu")
     lay_mesh = mesh.build(lay, torch.device("cpu"))  # for the wire's labels and full_weights
     losses, norms, wire = [], [], {}
     for step in steps:
         batches = rank_batches(step, lay.dp, dist.get_rank())
-        total, share = n_tokens(global_batches(step)), torch.zeros((), dtype=torch.float64)
         counter = WireCounter(wire_labels(lay_mesh))
         with counter if step == 1 else contextlib.nullcontext() as w:
-            for k, b in enumerate(batches):
-                mask = attention_layout(b["document_ids"], "cpu", torch.float32)
-                with distributed.gradient_sync(model, k == len(batches) - 1):
-                    loss = model(b["input_ids"], b["position_ids"], mask, b["labels"])
-                (loss * lay.dp / total).backward()  # FSDP averages over the ranks
-                share += loss.detach().double()
-            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
-            norms.append(float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm))
+            loss, norm = train_step(
+                model,
+                batches,
+                n_tokens(global_batches(step)),
+                optimizer=optimizer,
+                scaler=torch.amp.GradScaler("cpu", enabled=False),
+                noise=GradientNoiseScale(),
+                device=torch.device("cpu"),
+                dtype=torch.float32,
+                autocast=False,
+                grad_clip=CLIP,
+                world_size=lay.dp,
+            )
         if w is not None:
             wire = dict(w.sent)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        dist.all_reduce(share)
-        losses.append(float(share) / total)
+        losses.append(loss)
+        norms.append(norm)
     return model, lay_mesh, losses, norms, wire
 
 
