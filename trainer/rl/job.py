@@ -62,6 +62,28 @@ class RlJob:
     def batch(self, sequences: list[tuple[list[int], int]]) -> policy.Batch:
         return policy.make_batch(sequences, self.tokenizer.pad_id, self.env.device)
 
+    def sample(
+        self, lm, prompts: list[str], per_prompt: int, generator: torch.Generator
+    ) -> tuple[list[list[int]], list[int], list[str]]:
+        """`per_prompt` responses to each prompt from `lm` (trainer.rl's length and
+        temperature): (sequences, where each response starts, each response's text). Response
+        i answers prompts[i // per_prompt]."""
+        rl = self.cfg.rl
+        ids = [self.prompt_ids(p) for p in prompts]
+        out = policy.sample(
+            lm,
+            ids,
+            per_prompt,
+            rl.max_new_tokens,
+            temperature=rl.temperature,
+            eos_id=self.tokenizer.eos_id,
+            generator=generator,
+            max_len=self.max_len,
+        )
+        starts = [len(ids[i // per_prompt]) for i in range(len(out))]
+        texts = [self.tokenizer.decode(o[s:]) for o, s in zip(out, starts, strict=True)]
+        return out, starts, texts
+
     def optimizer(self, model: torch.nn.Module, steps: int):
         opt = build_optimizer(model, self.cfg.optim, self.env.device)
         return opt, build_scheduler(opt, self.cfg.optim, steps)
@@ -222,19 +244,7 @@ def evaluate_policy(
     draw before and after training), score them with the verifier, measure KL to `ref`."""
     rl = job.cfg.rl
     generator = torch.Generator(device=job.env.device).manual_seed(job.cfg.train.seed + 1)
-    ids = [job.prompt_ids(p) for p in prompts]
-    out = policy.sample(
-        model,
-        ids,
-        samples_per_prompt,
-        rl.max_new_tokens,
-        temperature=rl.temperature,
-        eos_id=job.tokenizer.eos_id,
-        generator=generator,
-        max_len=job.max_len,
-    )
-    starts = [len(ids[i // samples_per_prompt]) for i in range(len(out))]
-    texts = [job.tokenizer.decode(o[s:]) for o, s in zip(out, starts, strict=True)]
+    out, starts, texts = job.sample(model, prompts, samples_per_prompt, generator)
     verify = verifiers.VERIFIERS.get(rl.pass_verifier)
     rate = float("nan")
     if verify is not None:

@@ -43,19 +43,7 @@ class Rollout:
 def rollout(job, model: policy.WithHead | None, lm, ref, score, prompts, generator) -> Rollout:
     rl = job.cfg.rl
     G = rl.group_size
-    ids = [job.prompt_ids(p) for p in prompts]
-    out = policy.sample(
-        lm,
-        ids,
-        G,
-        rl.max_new_tokens,
-        temperature=rl.temperature,
-        eos_id=job.tokenizer.eos_id,
-        generator=generator,
-        max_len=job.max_len,
-    )
-    starts = [len(ids[i // G]) for i in range(len(out))]
-    texts = [job.tokenizer.decode(o[s:]) for o, s in zip(out, starts, strict=True)]
+    out, starts, texts = job.sample(lm, prompts, G, generator)
     scores = score([prompts[i // G] for i in range(len(out))], texts, out, starts).float()
     batch = job.batch(list(zip(out, starts, strict=True)))
     hidden, old_logps = policy.hidden_and_logps(lm, batch)
