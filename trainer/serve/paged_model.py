@@ -82,22 +82,21 @@ class StepBatch:
             self.groups.append(_Group(decoding, 0, cache, device))
         if prefill:
             self.groups.append(_Group(prefill, len(decoding), cache, device))
-        # Each run's last token in the packed row, in the order of `runs`.
+        # Each run's last token in the packed row (in the order of `runs`), and a VLM's image
+        # positions in the row with their vectors, which replace the embeddings of the
+        # placeholder ids there (None in a step without images).
         end, last = 0, {}
+        at: list[int] = []
+        images: list[torch.Tensor] = []
         for r in packed:
+            if r.image is not None:
+                at.extend(range(end, end + len(r.image)))
+                images.append(r.image)
             end += len(r.tokens)
             last[id(r)] = end - 1
         self.last = torch.tensor([last[id(r)] for r in runs], device=device)
-        # Image positions of the packed row, and their vectors (which replace the embeddings
-        # of the placeholder ids there).
-        images, offset = [], 0
-        for r in packed:
-            if r.image is not None:
-                images.append((offset, r.image))
-            offset += len(r.tokens)
-        at = [o + j for o, image in images for j in range(len(image))]
-        self.image_at = torch.tensor(at, dtype=torch.long, device=device)
-        self.image = torch.cat([image for _, image in images]) if images else None
+        self.image = torch.cat(images) if images else None
+        self.image_at = torch.tensor(at, dtype=torch.long, device=device) if images else None
 
 
 def _attention(attn, x, cos, sin, step: StepBatch, cache: PagedKVCache, layer: int):
