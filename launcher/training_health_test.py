@@ -95,8 +95,8 @@ def test_an_earlier_attempts_report_is_not_this_attempts_story(tmp_path):
 
 
 def test_a_precook_task_that_logs_is_alive_and_a_silent_one_hangs(tmp_path):
-    """A PRECOOK job's steps send no progress reports: a task step's log line (every
-    trainer/data/tasks.py LOG_EVERY_SECONDS) is its sign of life."""
+    """A PRECOOK job's steps send no progress reports: a task step's log line (the progress
+    line trainer/data/tasks.py writes every few seconds) is its sign of life."""
     started = time.time() - 3600
     attempts = Attempts(
         settings.resolve(launcher_pb2.LauncherConfig()),
@@ -112,7 +112,7 @@ def test_a_precook_task_that_logs_is_alive_and_a_silent_one_hangs(tmp_path):
     log = os.path.join(task_array.step_dir(d, PrecookStep.TASK, 2), "output.log")
     os.makedirs(os.path.dirname(log))
     with open(log, "w") as f:
-        f.write("task 2: 10/400 units tokenized\n")
+        f.write("  task 2: tokenize  1,200/48,000 records (  2%)  ...\n")
     os.utime(log, (started + 3300, started + 3300))  # 5 minutes ago
     assert attempts.hang_reason(live, started + 3600) == ""
     os.utime(log, (started + 2400, started + 2400))  # 20 minutes ago: past the timeout

@@ -109,8 +109,8 @@ def merged(attempt_dir: str) -> Observed | None:
 def last_output(attempt_dir: str) -> float:
     """When a step of the attempt last wrote to its log (0: none has). The steps send no
     progress reports, and one task can run for hours before any finishes, so the launcher's
-    hang detector takes a step's log line as a sign of life (a task logs every
-    trainer/data/tasks.py LOG_EVERY_SECONDS while it tokenizes)."""
+    hang detector takes a step's log line as a sign of life (a task writes precook's progress
+    line, trainer/data/progress.py, every few seconds while it tokenizes)."""
     logs = glob.glob(os.path.join(attempt_dir, "*", "output.log"))
     logs += glob.glob(os.path.join(attempt_dir, TASKS_DIR, "*", "output.log"))
     times = []

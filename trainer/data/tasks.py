@@ -27,7 +27,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -42,13 +41,10 @@ from trainer.data.errors import PrecookError
 from trainer.data.manifest import TokenizedManifest, TokenizerSection
 from trainer.data.mixture import plan_sources
 from trainer.data.precook import PrecookedDataset, dataset_key, precook_dataset
-from trainer.data.progress import Say
+from trainer.data.progress import Progress, Say
 
 JOB = "job.json"
 TOKENIZER_DIR = "tokenizer"
-# A task logs its count of tokenized units at most this often: the launcher takes the line as a
-# sign of life (its hang timeout defaults to 30 minutes; one task may run for hours).
-LOG_EVERY_SECONDS = 60.0
 
 
 class TaskError(PrecookError):
@@ -171,18 +167,16 @@ def run_task(directory: str, index: int) -> bool:
     if len(units) and job.tokenizer is not None:
         tok_dir = os.path.join(directory, TOKENIZER_DIR)
         tokenized._load_worker(*tokenized.worker_args(job.cfg, job.plan, job.tokenizer, tok_dir))
-        logged = time.monotonic()
-        for k, u in enumerate(units, 1):
-            _save_result(
-                os.path.join(tmp, f"unit-{u:07d}.npz"), tokenized.tokenize_unit(job.plan.units[u])
-            )
-            if time.monotonic() - logged >= LOG_EVERY_SECONDS:
-                # The launcher's hang detector reads this line as a sign of life
-                # (launcher/executors/task_array.py last_output).
-                print(
-                    f"task {index}: {k}/{len(units)} units tokenized", file=sys.stderr, flush=True
-                )
-                logged = time.monotonic()
+        # precook's progress line, on stderr: the launcher's hang detector reads a step's log
+        # line as a sign of life (launcher/executors/task_array.py last_output).
+        records = sum(job.plan.units[u].n_records for u in units)
+        bar = Progress(f"task {index}: tokenize", records)
+        for u in units:
+            result = tokenized.tokenize_unit(job.plan.units[u])
+            _save_result(os.path.join(tmp, f"unit-{u:07d}.npz"), result)
+            read, _, tokens, _, skipped, n_empty, _ = result
+            bar.update(len(read) + len(skipped) + n_empty, len(tokens))
+        bar.close()
     files.fsync_dir(tmp)
     try:
         os.rename(tmp, part)

@@ -9,7 +9,7 @@ import signal
 import pytest
 
 from protos import trainer_config_pb2
-from trainer.data import cli, corpus, tasks, testdata
+from trainer.data import cli, corpus, progress, tasks, testdata
 from trainer.data.precook import precook_dataset, reporter
 
 say = reporter(False)
@@ -86,15 +86,31 @@ def test_merge_refuses_a_job_with_a_missing_part(mixture, tmp_path):
         tasks.merge(job, str(tmp_path), say)
 
 
+class TenSecondsACall:
+    """A clock for trainer/data/progress.py whose every reading is 10 s after the last: the
+    progress line is due after every unit."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 10.0
+        return self.now
+
+
 def test_a_running_task_logs_its_units_for_the_launchers_hang_detector(
     mixture, tmp_path, monkeypatch, capsys
 ):
     job = tasks.prepare(mixture, str(tmp_path), 2, say)
-    monkeypatch.setattr(tasks, "LOG_EVERY_SECONDS", 0.0)  # a line after every unit
+    monkeypatch.setattr(progress, "time", TenSecondsACall())
     assert tasks.run_task(job.directory, 1)
-    n = len(job.units_of(1))
+    units = job.units_of(1)
+    records = sum(job.plan.units[u].n_records for u in units)
     lines = capsys.readouterr().err.splitlines()
-    assert n > 1 and lines == [f"task 1: {k}/{n} units tokenized" for k in range(1, n + 1)]
+    # One line after each unit, then the final one, each with the records read so far.
+    assert len(units) > 1 and len(lines) == len(units) + 1
+    assert all(ln.startswith("  task 1: tokenize  ") for ln in lines)
+    assert f"  {records:,}/{records:,} records (100%)" in lines[-1]
 
 
 def test_two_runs_of_one_task_at_once_leave_one_whole_part(mixture, tmp_path, monkeypatch):
