@@ -10,10 +10,10 @@ when the queue is full, 503 while draining.
 import asyncio
 import dataclasses
 import json
-import threading
 import time
 import uuid
 import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -120,28 +120,55 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     return ApiError(400, f"{param}: {first.get('msg')}", param)
 
 
+class _Outputs:
+    """One request's outputs on its event loop: the handler takes everything that arrived since
+    it last looked (a client that fell behind catches up in one write)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._items: list[Output] = []
+        self._waiter: asyncio.Future | None = None
+
+    def put(self, out: Output) -> None:  # on the loop
+        self._items.append(out)
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def take(self) -> list[Output]:
+        while not self._items:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        items, self._items = self._items, []
+        return items
+
+
 class _Mailbox:
-    """Hands outputs from the engine's thread to one event loop's request queues, waking the
-    loop once for all the outputs that arrive before it runs (a step's worth), not once per
-    token: each wake-up is a write to the loop's self-pipe and a turn of the loop."""
+    """Hands outputs from the runner's receiving thread to one event loop's requests, waking
+    the loop once for all the outputs that arrive before it runs (a step's worth), not once per
+    token: each wake-up is a write to the loop's self-pipe and a turn of the loop. No lock:
+    deque's append and popleft are atomic, and `_flush` clears the flag before it empties the
+    deque, so an output put after it has looked finds the flag clear and wakes the loop again."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
-        self._lock = threading.Lock()
-        self._items: list[tuple[asyncio.Queue, Output]] = []
+        self._items: deque[tuple[_Outputs, Output]] = deque()
+        self._scheduled = False
 
-    def put(self, queue: asyncio.Queue, out: Output) -> None:  # on the engine's thread
-        with self._lock:
-            self._items.append((queue, out))
-            wake = len(self._items) == 1
-        if wake:
+    def put(self, outputs: _Outputs, out: Output) -> None:  # on the receiving thread
+        self._items.append((outputs, out))
+        if not self._scheduled:
+            self._scheduled = True
             self.loop.call_soon_threadsafe(self._flush)
 
     def _flush(self) -> None:  # on the loop
-        with self._lock:
-            items, self._items = self._items, []
-        for queue, out in items:
-            queue.put_nowait(out)
+        self._scheduled = False
+        items = self._items
+        while items:
+            outputs, out = items.popleft()
+            outputs.put(out)
 
 
 def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
@@ -227,11 +254,11 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
             max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop
         )
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
-        outputs: asyncio.Queue[Output] = asyncio.Queue()
         loop = asyncio.get_running_loop()
+        outputs = _Outputs(loop)
         mailbox = mailboxes.get(loop) or mailboxes.setdefault(loop, _Mailbox(loop))
 
-        def deliver(out: Output) -> None:  # on the engine's thread
+        def deliver(out: Output) -> None:  # on the runner's receiving thread
             mailbox.put(outputs, out)
 
         try:
@@ -261,6 +288,14 @@ class _Reply:
 
     def __post_init__(self):
         self.created = int(time.time())
+        # A token's chunk (its text, no finish) is built per token: its JSON around the text is
+        # made once. JSON writes the marker as "\u0000", which nothing else in a chunk holds.
+        marker = "\x00"
+        self._head, self._tail = json.dumps(self.chunk(marker, None)).split(json.dumps(marker))
+
+    def text_event(self, text: str) -> str:
+        """The server-sent event of a chunk with `text` and no finish reason."""
+        return f"data: {self._head}{json.dumps(text)}{self._tail}\n\n"
 
     def chunk(self, text: str, finish: str | None, first: bool = False) -> dict:
         if self.chat:
@@ -288,7 +323,7 @@ class _Reply:
 
 
 async def _stream(
-    reply: _Reply, outputs: asyncio.Queue, runner: EngineRunner, usage: bool
+    reply: _Reply, outputs: _Outputs, runner: EngineRunner, usage: bool
 ) -> AsyncIterator[str]:
     """Server-sent events; a client that goes away cancels this generator, and so its
     request (finally: abort frees its KV blocks). `usage`: a last chunk with token counts."""
@@ -297,17 +332,16 @@ async def _stream(
         if reply.chat:
             yield f"data: {json.dumps(reply.chunk('', None, first=True))}\n\n"
         while not finished:
-            # Every output already queued goes out in one write (one chunk of the HTTP body),
-            # each still its own event: a client that fell behind catches up in fewer writes.
-            outs = [await outputs.get()]
-            while not outputs.empty():
-                outs.append(outputs.get_nowait())
+            # Every output already there goes out in one write (one chunk of the HTTP body),
+            # each still its own event.
             events = []
-            for out in outs:
+            for out in await outputs.take():
                 finished, tokens = out.finish is not None, tokens + len(out.token_ids)
-                finish = out.finish.value if out.finish else None
-                if out.text or finished:
-                    events.append(f"data: {json.dumps(reply.chunk(out.text, finish))}\n\n")
+                if out.finish is not None:
+                    chunk = reply.chunk(out.text, out.finish.value)
+                    events.append(f"data: {json.dumps(chunk)}\n\n")
+                elif out.text:
+                    events.append(reply.text_event(out.text))
             if events:
                 yield "".join(events)
         if usage:
@@ -319,17 +353,18 @@ async def _stream(
             runner.abort(reply.id)
 
 
-async def _whole(reply: _Reply, outputs: asyncio.Queue, runner: EngineRunner, request: Request):
+async def _whole(reply: _Reply, outputs: _Outputs, runner: EngineRunner, request: Request):
     """The whole answer; a client that disconnects while waiting aborts its request."""
     text, tokens = "", 0
     while True:
         try:
-            out = await asyncio.wait_for(outputs.get(), timeout=1.0)
+            outs = await asyncio.wait_for(outputs.take(), timeout=1.0)
         except TimeoutError:
             if await request.is_disconnected():
                 runner.abort(reply.id)
                 return Response(status_code=499)
             continue
-        text, tokens = text + out.text, tokens + len(out.token_ids)
-        if out.finish is not None:
-            return reply.whole(text, out.finish.value, tokens)
+        for out in outs:
+            text, tokens = text + out.text, tokens + len(out.token_ids)
+            if out.finish is not None:
+                return reply.whole(text, out.finish.value, tokens)

@@ -226,14 +226,14 @@ def test_a_client_that_disconnects_mid_stream_frees_its_blocks(model):
         response = conn.getresponse()
         assert response.status == 200
         assert response.readline().startswith(b"data: ")  # streaming has begun
-        assert server.runner.engine.cache.allocator.used > 0
+        assert server.runner.load().kv_blocks_used > 0
         conn.sock.close()  # the client goes away
         conn.close()
         deadline = time.monotonic() + 20
-        while server.runner.engine.has_work() and time.monotonic() < deadline:
+        while server.runner.load().running_requests and time.monotonic() < deadline:
             time.sleep(0.05)
-        engine = server.runner.engine
-        assert not engine.has_work() and engine.cache.allocator.used == 0
+        load = server.runner.load()
+        assert load.running_requests == load.waiting_requests == load.kv_blocks_used == 0
         text = http_get_text(server, "/metrics")
         assert 'kitchen_serve_requests_total{finish_reason="abort",model_name="tiny"} 1.0' in text
     finally:
@@ -261,3 +261,21 @@ def test_metrics_and_heartbeat_latency_window(client, server):
         assert f'kitchen_serve_{name}_count{{model_name="tiny"}}' in text
     beat = server.heartbeat("j1", 1)
     assert beat.endpoint == server.endpoint and beat.kv_blocks_free > 0
+
+
+def test_an_engine_process_that_dies_ends_open_requests_and_refuses_new_ones(model):
+    server = start_server(model, eos_id=VOCAB)  # never ends early
+    client = openai.OpenAI(base_url=server.endpoint + "/v1", api_key="unused", max_retries=0)
+    try:
+        stream = client.completions.create(
+            model="tiny", prompt="go", max_tokens=100, temperature=1.0, stream=True
+        )
+        chunks = [next(iter(stream))]  # streaming has begun
+        server.runner.process.kill()  # a crash, the OOM killer
+        chunks += list(stream)
+        assert chunks[-1].choices[0].finish_reason == "abort"
+        assert "exited with code -9" in server.runner.failed
+        status, body = post(server, "/v1/completions", {"model": "tiny", "prompt": "a"})
+        assert status == 503 and "exited with code -9" in body["error"]["message"]
+    finally:
+        assert not server.stop()  # the engine's requests did not all finish

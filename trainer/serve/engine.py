@@ -21,6 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -70,20 +71,23 @@ class Request:
     # across a preemption, so a recompute prefills the same vectors without the encoder.
     image: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
+    # len(prompt) + len(output), kept as the output grows: the scheduler reads it for every
+    # running request on every step.
+    length: int = field(init=False)
+
+    def __post_init__(self):
+        self.length = len(self.prompt) + len(self.output)
 
     @property
     def tokens(self) -> list[int]:
         return self.prompt + self.output
 
-    @property
-    def length(self) -> int:
-        return len(self.prompt) + len(self.output)
 
-
-@dataclass(frozen=True)
-class Output:
+class Output(NamedTuple):
     """What one step produced for one request: new text (may be empty while a multi-byte
-    character or a possible stop string is incomplete), and the reason when it finished."""
+    character or a possible stop string is incomplete), and the reason when it finished. A
+    NamedTuple: every step pickles one per request to the server's process (engine_process.py),
+    and a tuple pickles in half the time of a dataclass."""
 
     request_id: str
     text: str
@@ -187,8 +191,8 @@ class Engine:
         rows, the others one by one (each has its own seeded generator and filters)."""
         greedy = [i for i, r in ready if r.params.temperature == 0]
         if len(greedy) == len(ready) == len(logits):
-            return logits.argmax(dim=-1).tolist()
-        tokens = dict(zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True))
+            return argmax_rows(logits).tolist()
+        tokens = dict(zip(greedy, argmax_rows(logits[greedy]).tolist(), strict=True))
         for i, r in ready:
             if i not in tokens:
                 p = r.params
@@ -276,6 +280,7 @@ class Engine:
     def _append(self, r: Request, token: int) -> Output:
         p = r.params
         r.output.append(token)
+        r.length += 1
         finish = None
         if token == self.eos_id:
             finish = FinishReason.STOP
@@ -283,18 +288,9 @@ class Engine:
             finish = FinishReason.LENGTH
         searched = len(r.text)
         self._detokenize(r, final=finish is not None)
-        # A stop string not in the text before must end in the new part: search from there.
-        found = (r.text.find(s, max(0, searched - len(s) + 1)) for s in p.stop)
-        cut = min((i for i in found if i >= 0), default=-1)
-        if cut >= 0:
-            r.text, finish = r.text[:cut], FinishReason.STOP
         ready = len(r.text)
-        if finish is None:  # hold back what may be the start of a stop string
-            for s in p.stop:
-                for k in range(min(len(s) - 1, ready), 0, -1):
-                    if r.text.endswith(s[:k]):
-                        ready -= k
-                        break
+        if p.stop:
+            ready, finish = _stop_strings(r, p.stop, searched, finish)
         delta, r.sent = r.text[r.sent : max(ready, r.sent)], max(ready, r.sent)
         if finish is not None:
             self._end(r, finish)
@@ -317,6 +313,47 @@ class Engine:
         r.image_embeds = None
         self.cache.release(r.table)
         self.finished += 1
+
+
+ARGMAX_BLOCK = 64
+
+
+def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=-1), the same index (the first of ties), faster for many rows.
+
+    PyTorch's CPU argmax walks a row one element at a time (~150 us for 32 rows of 4096 here),
+    while max reductions are vectorized. So: the max of each block of 64 logits, the first
+    block holding the row's max (argmax over 64x fewer values), then the first max inside that
+    block: the first index of the row's max, as argmax gives. About 5x faster at 32 rows; one
+    row, or a vocabulary not in whole blocks, takes plain argmax."""
+    rows, vocab = logits.shape
+    if rows < 8 or vocab % ARGMAX_BLOCK:
+        return logits.argmax(dim=-1)
+    blocks = logits.view(rows, vocab // ARGMAX_BLOCK, ARGMAX_BLOCK)
+    block = blocks.amax(dim=-1).argmax(dim=-1)
+    inner = blocks[torch.arange(rows, device=logits.device), block].argmax(dim=-1)
+    return block * ARGMAX_BLOCK + inner
+
+
+def _stop_strings(
+    r: Request, stop: tuple[str, ...], searched: int, finish: FinishReason | None
+) -> tuple[int, FinishReason | None]:
+    """Cuts r.text at the first stop string (it finishes the request), else holds back what
+    may be the start of one: (characters of r.text ready to send, finish). `searched`: the
+    length of r.text before this token; a stop string not found before must end after it."""
+    found = (r.text.find(s, max(0, searched - len(s) + 1)) for s in stop)
+    cut = min((i for i in found if i >= 0), default=-1)
+    if cut >= 0:
+        r.text = r.text[:cut]
+        return cut, FinishReason.STOP
+    ready = len(r.text)
+    if finish is None:
+        for s in stop:
+            for k in range(min(len(s) - 1, ready), 0, -1):
+                if r.text.endswith(s[:k]):
+                    ready -= k
+                    break
+    return ready, finish
 
 
 def _image_run(r: Request, n: int) -> torch.Tensor | None:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from trainer.generate import generate
-from trainer.serve.engine import Engine, FinishReason, Request, SamplingParams
+from trainer.serve.engine import Engine, FinishReason, Request, SamplingParams, argmax_rows
 from trainer.serve.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache
 from trainer.serve.testing import BOS, EOS, VOCAB, decode, serve_config, tiny_model
 
@@ -174,3 +174,16 @@ def test_streamed_text_equals_decoding_the_whole_output_for_multibyte_characters
     for r in requests:
         assert texts[r.id] == decode_bytes(r.output), r.id
     assert any(len(t.encode()) > len(t) for t in texts.values())  # multi-byte characters came
+
+
+def test_argmax_rows_is_argmax_first_of_ties_included():
+    torch.manual_seed(0)
+    logits = torch.randn(32, 4096)
+    logits[3, 100] = logits[3, 4000] = 50.0  # a tie across blocks: the first wins
+    logits[5, 70] = logits[5, 71] = 50.0  # inside one block
+    logits[7, :] = 1.0  # all equal: index 0
+    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
+    assert argmax_rows(logits)[3] == 100 and argmax_rows(logits)[5] == 70
+    for shape in ((1, 4096), (32, 100)):  # one row; a vocabulary not in whole blocks
+        x = torch.randn(shape)
+        assert torch.equal(argmax_rows(x), x.argmax(dim=-1))

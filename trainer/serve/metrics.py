@@ -1,10 +1,67 @@
 """The serve job's own /metrics: latency histograms and load, named after vLLM's (`vllm:` ->
 `kitchen_serve_`), in a registry per server so that tests can run several in one process."""
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import bisect
+import threading
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 # Seconds: from a few ms (a tiny model on a GPU) to minutes (a long answer on a loaded CPU).
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class StepHistogram(Collector):
+    """A Prometheus histogram fed a whole engine step's observations at once.
+
+    The inter-token latency has one observation per generated token: with 32 requests in a
+    step, prometheus_client's Histogram.observe takes its locks 32 times. This one counts the
+    step's values first and takes one lock. It exposes the same series (`_bucket{le}`, `_sum`,
+    `_count`) as prometheus_client's Histogram."""
+
+    def __init__(
+        self,
+        name: str,
+        doc: str,
+        labels: dict[str, str],
+        registry: CollectorRegistry,
+        buckets: tuple[float, ...] = (),
+    ):
+        self._name, self._doc, self._labels = name, doc, labels
+        self._bounds = [*buckets, float("inf")]
+        self._counts = [0] * len(self._bounds)  # per bucket, not cumulative
+        self._sum = 0.0
+        self._lock = threading.Lock()
+        registry.register(self)
+
+    def observe_many(self, values: Iterable[float]) -> None:
+        counts, total = [0] * len(self._bounds), 0.0
+        for v in values:
+            counts[bisect.bisect_left(self._bounds, v)] += 1  # le: v <= bound
+            total += v
+        with self._lock:
+            self._counts = [a + b for a, b in zip(self._counts, counts, strict=True)]
+            self._sum += total
+
+    def observe(self, value: float) -> None:
+        self.observe_many((value,))
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            counts, total = list(self._counts), self._sum
+        family = HistogramMetricFamily(self._name, self._doc, labels=list(self._labels))
+        cumulative, buckets = 0, []
+        for bound, count in zip(self._bounds, counts, strict=True):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        family.add_metric(list(self._labels.values()), buckets, total)
+        yield family
+
+    def describe(self) -> Iterator[HistogramMetricFamily]:
+        yield HistogramMetricFamily(self._name, self._doc, labels=list(self._labels))
 
 
 class ServeMetrics:
@@ -12,9 +69,9 @@ class ServeMetrics:
         self.registry = CollectorRegistry()
         labels, values = ["model_name"], [model_name]
 
-        def hist(name: str, doc: str) -> Histogram:
-            h = Histogram(name, doc, labels, registry=self.registry, buckets=LATENCY_BUCKETS)
-            return h.labels(*values)
+        def hist(name: str, doc: str) -> StepHistogram:
+            by_label = dict(zip(labels, values, strict=True))
+            return StepHistogram(name, doc, by_label, self.registry, LATENCY_BUCKETS)
 
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, labels, registry=self.registry).labels(*values)

@@ -50,18 +50,25 @@ class _Group:
         self.shape = (len(runs), max_new)
         self.row = self.col = None  # decoding: one query per run, nothing to pad
         if max_new == 1:
-            self.mask = (key[None, :] <= starts[:, None])[:, None, None].to(device)
+            self.mask = _additive((key[None, :] <= starts[:, None])[:, None, None], cache, device)
             return
         counts = torch.tensor(lengths)
         query = torch.arange(max_new)
         mask = key[None, None, :] <= starts[:, None, None] + query[None, :, None]
         mask &= query[None, :, None] < counts[:, None, None]
         mask[:, :, 0] |= ~mask.any(dim=-1)  # padded query rows see one key: no NaN rows
-        self.mask = mask[:, None].to(device)
+        self.mask = _additive(mask[:, None], cache, device)
         # Where each packed token sits in the padded (runs, max_new) query grid.
         self.row = torch.repeat_interleave(torch.arange(len(runs)), counts).to(device)
         offsets = torch.repeat_interleave(counts.cumsum(0) - counts, counts)
         self.col = (torch.arange(int(counts.sum())) - offsets).to(device)
+
+
+def _additive(allowed: torch.Tensor, cache: PagedKVCache, device) -> torch.Tensor:
+    """A boolean attention mask as the additive one attention makes of it (0 or -inf), made
+    once a step here rather than once a layer inside scaled_dot_product_attention."""
+    mask = torch.zeros(allowed.shape, dtype=cache.dtype)
+    return mask.masked_fill_(~allowed, float("-inf")).to(device)
 
 
 class StepBatch:
@@ -71,9 +78,16 @@ class StepBatch:
         decoding = [r for r in runs if len(r.tokens) == 1]
         prefill = [r for r in runs if len(r.tokens) > 1]
         packed = decoding + prefill  # the order of the step's row
-        ids = [t for r in packed for t in r.tokens]
-        positions = [p for r in packed for p in range(r.start, r.start + len(r.tokens))]
-        slots = [s for r in packed for s in cache.slots(r.table, r.start, r.start + len(r.tokens))]
+        # A decoding run's one position is written out here, not through cache.slots: this
+        # loop runs once per request per step.
+        bs = cache.block_size
+        ids = [r.tokens[0] for r in decoding]
+        positions = [r.start for r in decoding]
+        slots = [r.table[r.start // bs] * bs + r.start % bs for r in decoding]
+        for r in prefill:
+            ids += r.tokens
+            positions += range(r.start, r.start + len(r.tokens))
+            slots += cache.slots(r.table, r.start, r.start + len(r.tokens))
         self.ids = torch.tensor(ids, device=device)[None]
         self.positions = torch.tensor(positions, device=device)[None]
         self.slots = torch.tensor(slots, device=device)
@@ -140,5 +154,5 @@ def forward_step(model: Transformer, runs: list[Run], cache: PagedKVCache) -> to
     for i, block in enumerate(model.layers):
         h = x + _attention(block.attention, block.attention_norm(x), cos, sin, step, cache, i)
         x = h + block.feed_forward(block.ffn_norm(h))
-    last = model.norm(x)[0, step.last]
+    last = model.norm(x)[0].index_select(0, step.last)
     return F.linear(last, model.output.weight).float()

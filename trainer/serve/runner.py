@@ -1,21 +1,39 @@
-"""The engine on a thread of its own, fed by the HTTP server's event loop.
+"""The HTTP server's handle on the engine, which runs in a process of its own
+(engine_process.py).
 
-The engine (engine.py) is single-threaded and pure; the runner owns it. Requests and aborts
-arrive through an inbox and are applied between steps; each step's outputs go to the
-request's sink (a callable the server supplies, e.g. one that hands them to an asyncio queue).
-Latency and load are recorded here, where the clock of every token is known.
+Requests and aborts go to the engine process as they come; each step's report comes back to a
+receiving thread here, which hands every output to its request's sink (a callable the server
+supplies, e.g. one that hands it to the event loop) and records latency and load. Latency is
+measured here, on the clock of the process that writes to the clients.
+
+If the engine process dies (a crash, the OOM killer), every open request ends with finish
+reason `abort`, new ones are refused (503), and `failed` says why: the serve job then exits
+FAILED and the launcher's retry policy restarts it.
 """
 
-import queue
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainer.serve.engine import Engine, Output, Request
+from trainer.serve.engine import FinishReason, Output, Request
+from trainer.serve.engine_process import (
+    STOPPED,
+    Command,
+    EngineSpec,
+    EngineStats,
+    StepReport,
+    dumps,
+    receive,
+    run_engine,
+    send,
+)
 from trainer.serve.metrics import ServeMetrics
 
 Sink = Callable[[Output], None]
+
+START_SECONDS = 300  # longest wait for the engine process to build its model (a loaded machine)
 
 
 class Overloaded(Exception):
@@ -23,7 +41,7 @@ class Overloaded(Exception):
 
 
 class Draining(Exception):
-    """The server is stopping: it finishes what it has and takes nothing new (503)."""
+    """The server is stopping, or its engine is gone: it takes nothing new (503)."""
 
 
 @dataclass(frozen=True)
@@ -61,56 +79,83 @@ class _Timing:
 
 
 class EngineRunner:
-    def __init__(self, engine: Engine, metrics: ServeMetrics):
-        self.engine, self.metrics = engine, metrics
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+    def __init__(self, spec: EngineSpec, metrics: ServeMetrics):
+        self.cfg, self.metrics = spec.cfg, metrics
+        context = multiprocessing.get_context("spawn")  # fork would copy the server's threads
+        self._conn, child = context.Pipe()
+        self.process = context.Process(
+            target=run_engine,
+            args=(child, dumps(spec)),
+            name="serve-engine",
+            daemon=True,  # ends with this process, whatever happens to it
+        )
+        self._child_conn = child
+        self._send_lock = threading.Lock()  # the event loop and the main thread both send
         self._lock = threading.Lock()
-        self._queued = 0  # submitted, not yet running: inbox + engine.waiting
+        self._queued = 0  # submitted, not yet running: in flight + the engine's queue
+        self._sent = 0  # requests sent to the engine since the start
         self._live: dict[str, _Timing] = {}
         self._draining = False
+        self.failed = ""  # why the engine process ended unasked ("": it did not)
+        self.stats = EngineStats(0, 0, 0, self.cfg.num_blocks, 0, 0, 0)
+        self._preemptions_seen = 0
         self.generated = 0  # tokens generated so far (the heartbeat's throughput)
         self._ttft: list[float] = []  # since the last `window_latency`
         self._itl: list[float] = []
         self._stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="serve-engine", daemon=True)
+        self.thread = threading.Thread(target=self._receive, name="serve-outputs", daemon=True)
 
-    def start(self) -> None:
+    def start(self, timeout: float = START_SECONDS) -> None:
+        """Starts the engine process and waits until its model is built."""
+        self.process.start()
+        self._child_conn.close()  # the child's end: only the child holds it now
+        if not self._conn.poll(timeout):
+            self.process.kill()
+            raise RuntimeError(f"the serve engine process did not start within {timeout:.0f} s")
+        try:
+            self.stats = receive(self._conn).stats
+        except EOFError:
+            self.process.join(5)
+            raise RuntimeError(
+                f"the serve engine process exited with code {self.process.exitcode} before "
+                "it was ready (its error is above)"
+            ) from None
         self.thread.start()
 
     def submit(self, request: Request, sink: Sink) -> None:
         """Queues `request`; raises Overloaded or Draining instead of queueing past the limit."""
         with self._lock:
-            if self._draining:
-                raise Draining("the server is shutting down")
-            if self._queued >= self.engine.cfg.max_waiting:
+            if self._draining or self.failed:
+                raise Draining(self.failed or "the server is shutting down")
+            if self._queued >= self.cfg.max_waiting:
                 self.metrics.ended("overloaded")
                 raise Overloaded(
                     f"{self._queued} requests are already waiting (serve.max_waiting "
-                    f"{self.engine.cfg.max_waiting}): retry later"
+                    f"{self.cfg.max_waiting}): retry later"
                 )
             self._queued += 1
-        self._inbox.put(("add", request, sink))
+            self._sent += 1
+            self._live[request.id] = _Timing(sink, request.arrived)
+        self.metrics.prompt_tokens.inc(len(request.prompt))
+        self._send(Command.ADD, request)
 
     def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id, None))
+        if request_id in self._live:
+            self._send(Command.ABORT, request_id)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Takes no new request, finishes the ones it has, stops; True when all finished."""
         with self._lock:
             self._draining = True
-        self._inbox.put(("wake", None, None))
-        return self._stopped.wait(timeout)
+        self._send(Command.DRAIN, None)
+        stopped = self._stopped.wait(timeout)
+        self.process.join(5 if stopped else 0)
+        return stopped and not self.failed
 
     def load(self) -> Load:
-        """Read without locking: a heartbeat may see a step half-way, which a gauge can live
-        with."""
-        e = self.engine
-        return Load(
-            running_requests=len(e.running),
-            waiting_requests=len(e.waiting) + self._inbox.qsize(),
-            kv_blocks_used=e.cache.allocator.used,
-            kv_blocks_free=e.cache.allocator.free,
-        )
+        s = self.stats
+        in_flight = self._sent - s.received  # sent, not yet in the engine's queue
+        return Load(s.running, s.waiting + in_flight, s.kv_blocks_used, s.kv_blocks_free)
 
     def window_latency(self) -> Latency:
         """Time to first token and inter-token latency since the last call (the heartbeat's
@@ -119,59 +164,71 @@ class EngineRunner:
         itl, self._itl = self._itl, []
         return Latency(*_p50_p99(ttft), *_p50_p99(itl))
 
-    def _run(self) -> None:
+    def _send(self, command: Command, payload) -> None:
+        try:
+            with self._send_lock:
+                send(self._conn, (command, payload))
+        except OSError:  # the engine is gone: the receiving thread ends the requests
+            pass
+
+    def _receive(self) -> None:
         while True:
-            idle = not self.engine.has_work()
-            if idle and self._draining and self._inbox.empty():
-                break
             try:
-                self._apply(self._inbox.get(timeout=0.5) if idle else self._inbox.get_nowait())
-                while True:
-                    self._apply(self._inbox.get_nowait())
-            except queue.Empty:
-                pass
-            if self.engine.has_work():
-                self._step()
+                message = receive(self._conn)
+            except (EOFError, OSError):
+                self._engine_gone()
+                return
+            if message == STOPPED:
+                self._stopped.set()
+                return
+            self._report(message)
+
+    def _engine_gone(self) -> None:
+        self.process.join(5)
+        with self._lock:
+            self.failed = f"the serve engine process exited with code {self.process.exitcode}"
+            live, self._live = self._live, {}
+        for request_id, timing in live.items():
+            self.metrics.ended(FinishReason.ABORT.value)
+            timing.sink(Output(request_id, "", [], FinishReason.ABORT))
         self._stopped.set()
 
-    def _apply(self, item) -> None:
-        what, payload, sink = item
-        if what == "add":
-            self._live[payload.id] = _Timing(sink, payload.arrived)
-            self.engine.add(payload)
-            self.metrics.prompt_tokens.inc(len(payload.prompt))
-        elif what == "abort" and payload in self._live:
-            self.engine.abort(payload)
-
-    def _step(self) -> None:
-        preempted = self.engine.preemptions
-        outputs = self.engine.step()
+    def _report(self, report: StepReport) -> None:
         now = time.monotonic()
         m = self.metrics
         generated = 0
-        for out in outputs:
+        ttft: list[float] = []
+        itl: list[float] = []
+        e2e: list[float] = []
+        for out in report.outputs:
             timing = self._live.get(out.request_id)
             if timing is None:
                 continue
             if out.token_ids:
                 generated += len(out.token_ids)
                 if timing.last_token:
-                    m.inter_token_latency.observe(now - timing.last_token)
-                    self._itl.append(now - timing.last_token)
+                    itl.append(now - timing.last_token)
                 else:
-                    m.time_to_first_token.observe(now - timing.arrived)
-                    self._ttft.append(now - timing.arrived)
+                    ttft.append(now - timing.arrived)
                 timing.last_token = now
             if out.finish is not None:
-                m.e2e_latency.observe(now - timing.arrived)
+                e2e.append(now - timing.arrived)
                 m.ended(out.finish.value)
                 del self._live[out.request_id]
             timing.sink(out)
-        m.generation_tokens.inc(generated)  # once a step: a counter's lock per token adds up
+        # Once a step, not once a token: a metric's lock per token adds up.
+        m.inter_token_latency.observe_many(itl)
+        m.time_to_first_token.observe_many(ttft)
+        m.e2e_latency.observe_many(e2e)
+        self._itl.extend(itl)  # extend, not +=: window_latency swaps these lists
+        self._ttft.extend(ttft)
+        m.generation_tokens.inc(generated)
         self.generated += generated
-        m.preemptions.inc(self.engine.preemptions - preempted)
+        s, self.stats = report.stats, report.stats
         with self._lock:
-            self._queued = len(self.engine.waiting) + self._inbox.qsize()
+            self._queued = s.waiting + self._sent - s.received
+        m.preemptions.inc(s.preemptions - self._preemptions_seen)
+        self._preemptions_seen = s.preemptions
         load = self.load()
         m.running.set(load.running_requests)
         m.waiting.set(load.waiting_requests)

@@ -1,7 +1,10 @@
 """`kind: serve` as a real trainer process on a checkpoint trained here: its greedy answer is
-the `generate` job's, and SIGTERM lets an open request finish before the job exits 75."""
+the `generate` job's, SIGTERM lets an open request finish before the job exits 75, and a dead
+engine process makes the job exit 1 (the launcher's retry policy restarts it)."""
 
+import os
 import signal
+from pathlib import Path
 
 import openai
 
@@ -53,3 +56,24 @@ def test_serve_job_answers_like_the_generate_job_and_drains_on_sigterm(tmp_path)
             process.kill()
     text = log.read_text()
     assert "stopped (drained); 2 requests served" in text, text
+
+    log = tmp_path / "crash.log"
+    process = testing.start_trainer("--config", config, "--run-dir", tmp_path / "c", log_path=log)
+    try:
+        wait_for_endpoint(log, process, timeout=300)
+        os.kill(engine_process(process.pid), signal.SIGKILL)  # a crash, the OOM killer
+        assert process.wait(timeout=60) == ExitCode.FAILED
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "error: the serve engine process exited with code -9" in log.read_text()
+
+
+def engine_process(pid: int) -> int:
+    """The serve job's engine process: its child started by multiprocessing's spawn (not the
+    resource tracker spawn also starts)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return int(child)
+    raise AssertionError(f"process {pid} has no engine process")

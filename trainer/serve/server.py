@@ -1,4 +1,5 @@
-"""A running server: engine thread + uvicorn on its own thread, and the `serve` job around it.
+"""A running server: the engine in its own process (engine_process.py), uvicorn on a thread of
+this one, and the `serve` job around them.
 
 The job listens on serve.host:serve.port (port 0: any free port), reports its endpoint and
 load to the launcher every serve.heartbeat_seconds (the heartbeat also keeps the hang detector
@@ -6,7 +7,8 @@ quiet while it is healthy), and on SIGTERM or the launcher's stop drains: uvicor
 accepting connections and waits for the open ones, the engine finishes every request it holds,
 then the job exits 75 (ExitCode.PREEMPTED, as a stopped training job does): the launcher makes
 that CANCELLED after a cancel and re-queues it after a preemption. Ctrl-C (SIGINT) on a job run
-by hand drains the same way and exits 0.
+by hand drains the same way and exits 0. If the engine process dies, the job exits 1
+(ExitCode.FAILED), and the launcher's retry policy restarts it.
 """
 
 import asyncio
@@ -15,6 +17,7 @@ import socket
 import threading
 import time
 
+import torch
 import uvicorn
 
 from protos import attempt_pb2, progress_pb2, trainer_config_pb2
@@ -23,7 +26,7 @@ from trainer.data.tokenizer import Tokenizer
 from trainer.loop import install_sigterm_handler
 from trainer.model import Transformer
 from trainer.serve.api import ServedModel, create_app
-from trainer.serve.engine import Engine
+from trainer.serve.engine_process import EngineSpec
 from trainer.serve.images import PromptImages
 from trainer.serve.metrics import ServeMetrics
 from trainer.serve.runner import EngineRunner
@@ -42,15 +45,16 @@ class Server:
         eos_id: int,
     ):
         """`cfg` has its defaults applied (protos.defaults.with_defaults)."""
-        engine = Engine(
+        spec = EngineSpec(
             model,
             cfg,
             decode=decode,
             eos_id=eos_id,
             max_len=served.max_len,
             embed_images=served.images.embed if served.images else None,
+            threads=torch.get_num_threads(),
         )
-        self.runner = EngineRunner(engine, ServeMetrics(served.name))
+        self.runner = EngineRunner(spec, ServeMetrics(served.name))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((cfg.host or "127.0.0.1", cfg.port))
@@ -71,6 +75,7 @@ class Server:
         asyncio.run(self.http.serve(sockets=[self.sock]))
 
     def start(self, timeout: float = 30.0) -> "Server":
+        """Starts the engine process, then the HTTP server (`timeout`: for the latter)."""
         self.runner.start()
         self.thread.start()
         deadline = time.monotonic() + timeout
@@ -87,14 +92,14 @@ class Server:
         return self.runner.drain(DRAIN_SECONDS) and not self.thread.is_alive()
 
     def heartbeat(self, job_id: str, attempt: int) -> progress_pb2.Progress:
-        e = self.runner.engine
+        stats = self.runner.stats
         beat = progress_pb2.Progress(
             job_id=job_id,
             attempt=attempt,
             phase="serve",
             endpoint=self.endpoint,
-            serve_preemptions=e.preemptions,
-            requests_finished=e.finished,
+            serve_preemptions=stats.preemptions,
+            requests_finished=stats.finished,
         )
         load, latency = self.runner.load(), self.runner.window_latency()
         beat.running_requests, beat.waiting_requests = load.running_requests, load.waiting_requests
@@ -141,7 +146,7 @@ def serve(
     launcher_stop = client.stop_requested.is_set if client else (lambda: False)
 
     def stop_requested() -> bool:
-        return sigterm() or bool(interrupted) or launcher_stop()
+        return sigterm() or bool(interrupted) or launcher_stop() or bool(server.runner.failed)
 
     tokens, last = 0, time.monotonic()
     while not stop_requested():
@@ -154,8 +159,12 @@ def serve(
         deadline = now + cfg.heartbeat_seconds
         while time.monotonic() < deadline and not stop_requested():
             time.sleep(0.1)
+    if server.runner.failed:  # the launcher's retry policy restarts the job
+        log(f"error: {server.runner.failed}; open requests ended with finish reason 'abort'")
+        server.stop()
+        return ExitCode.FAILED
     log("stopping: draining open requests")
     clean = server.stop()
-    served_count = server.runner.engine.finished
+    served_count = server.runner.stats.finished
     log(f"stopped ({'drained' if clean else 'drain timed out'}); {served_count} requests served")
     return ExitCode.OK if interrupted and not sigterm() else ExitCode.PREEMPTED

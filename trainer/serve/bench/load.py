@@ -8,11 +8,12 @@ measured at the client. Tokens are counted by the server (`stream_options.includ
 """
 
 import argparse
-import http.client
+import bisect
 import json
+import selectors
+import socket
 import statistics
 import sys
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -37,43 +38,103 @@ class Result:
     itl_p99: float
 
 
-def one_request(endpoint: str, body: dict) -> Record:
-    url = urlparse(endpoint)
-    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=600)
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    sent = time.perf_counter()
-    conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    response = conn.getresponse()
-    if response.status != 200:
-        raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
-    times, tokens = [], 0
-    for line in response:
-        if not line.startswith(b"data: {"):
-            continue
-        chunk = json.loads(line[6:])
-        if chunk.get("usage"):
-            tokens = chunk["usage"]["completion_tokens"]
-        elif chunk["choices"][0]["text"]:
-            times.append(time.perf_counter())
-    conn.close()
-    return Record(sent, times, tokens)
-
-
 def run_clients(endpoint: str, body: dict, clients: int, each: int) -> tuple[float, list[Record]]:
-    """`clients` threads, each sending `each` requests in turn: (wall seconds, records)."""
+    """`clients` connections at once, each sending `each` requests in turn: (wall seconds,
+    records). All on one thread over epoll: the load generator shares the machine it measures,
+    and a thread per client (each woken for every token) cost as much CPU as the server's HTTP
+    side; one thread reading whatever has arrived on every ready socket costs a fraction."""
+    url = urlparse(endpoint)
+    address = (url.hostname or "127.0.0.1", url.port or 80)
+    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
+    request = (
+        f"POST /v1/completions HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\n"
+        "Content-Type: application/json\r\nConnection: close\r\n"
+        f"Content-Length: {len(payload.encode())}\r\n\r\n{payload}"
+    ).encode()
+    selector = selectors.DefaultSelector()
     records: list[Record] = []
+    left = [each] * clients
 
-    def client() -> None:
-        for _ in range(each):
-            records.append(one_request(endpoint, body))
+    def send(client: int) -> None:
+        sock = socket.create_connection(address, timeout=600)
+        sock.setblocking(False)
+        stream = _Stream(time.perf_counter())
+        sock.sendall(request)  # a few hundred bytes: the socket's buffer takes them at once
+        selector.register(sock, selectors.EVENT_READ, (client, stream))
 
-    threads = [threading.Thread(target=client) for _ in range(clients)]
     start = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    for client in range(clients):
+        send(client)
+    while selector.get_map():
+        for key, _ in selector.select():
+            sock, (client, stream) = key.fileobj, key.data
+            data = sock.recv(1 << 16)  # type: ignore[union-attr]
+            if data:
+                stream.arrived(data, time.perf_counter())
+                continue
+            selector.unregister(sock)
+            sock.close()  # type: ignore[union-attr]
+            records.append(stream.record())
+            left[client] -= 1
+            if left[client]:
+                send(client)
     return time.perf_counter() - start, records
+
+
+class _Stream:
+    """One response as it arrives: its bytes, and when each recv's bytes came."""
+
+    def __init__(self, sent: float):
+        self.sent = sent
+        self.raw = bytearray()
+        self.arrivals: list[tuple[int, float]] = []  # (bytes received so far, time)
+
+    def arrived(self, data: bytes, now: float) -> None:
+        self.raw += data
+        self.arrivals.append((len(self.raw), now))
+
+    def record(self) -> Record:
+        """The response parsed once it is complete: every event carrying text is timed by the
+        recv that brought its last byte; the token count is the server's (usage)."""
+        head, _, rest = bytes(self.raw).partition(b"\r\n\r\n")
+        status = head.split(b" ", 2)[1] if head.startswith(b"HTTP/") else b"?"
+        if status != b"200":
+            raise RuntimeError(f"HTTP {status.decode()}: {bytes(self.raw)[:300]!r}")
+        offset = len(head) + 4  # where the body starts in self.raw
+        times, tokens = [], 0
+        for end, event in _events(rest):
+            chunk = json.loads(event)
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            elif chunk["choices"][0]["text"]:
+                times.append(self._time_of(offset + end))
+        return Record(self.sent, times, tokens)
+
+    def _time_of(self, position: int) -> float:
+        i = bisect.bisect_left(self.arrivals, position, key=lambda a: a[0])
+        return self.arrivals[i][1]
+
+
+def _events(body: bytes):
+    """(end of the event in `body`, its JSON) for every `data: {...}` server-sent event of a
+    chunked HTTP body."""
+    at, pending = 0, b""
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end].split(b";")[0], 16)
+        if size == 0:
+            return
+        start = line_end + 2
+        carried = len(pending)  # bytes of an event begun in earlier chunks
+        pending += body[start : start + size]
+        # Events end with a blank line; an event split across chunks waits for its rest.
+        *done, pending = pending.split(b"\n\n")
+        end = start - carried
+        for event in done:
+            end += len(event) + 2
+            if event.startswith(b"data: {"):
+                yield end, event[6:]
+        at = start + size + 2
 
 
 def summarize(clients: int, wall: float, records: list[Record]) -> Result:

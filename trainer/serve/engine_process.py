@@ -1,0 +1,155 @@
+"""The engine in a process of its own, as vLLM's EngineCore: the HTTP server's process sends it
+requests and aborts, and it answers every step with that step's outputs and its load.
+
+Why a process and not a thread: a step is Python and small tensor ops that hold the GIL, and
+so is the HTTP server (uvicorn, one server-sent event per token per client). In one process
+they take turns on one core; in two, the HTTP work of one step runs beside the model work of
+the next. On the 2-core bench machine that is most of continuous batching's lead over one
+request at a time (bench/serve_results.md).
+
+Messages are pickled by value (tensors too: a VLM's image, the model at start), one message
+per step each way at most. The child ignores SIGINT and SIGTERM: the parent drains it (a
+Ctrl-C or a launcher's SIGTERM reaching the whole process group must not cut requests off),
+and it exits when told to drain and done, or when the parent is gone (its pipe closes).
+"""
+
+import enum
+import importlib
+import io
+import pickle
+import signal
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from protos import trainer_config_pb2
+from trainer.model import Transformer
+from trainer.serve.engine import Engine, FinishReason, Output
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What the engine process builds its Engine from (trainer/serve/engine.py's arguments)."""
+
+    model: Transformer
+    cfg: trainer_config_pb2.ServeConfig  # with defaults applied
+    decode: Callable[[list[int]], str]  # picklable: a module's function or a bound method
+    eos_id: int
+    max_len: int
+    embed_images: Callable[[torch.Tensor], torch.Tensor] | None
+    threads: int  # torch's intra-op threads, the parent's
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's load after a step (the heartbeat's, /health's and the gauges' numbers)."""
+
+    running: int
+    waiting: int
+    kv_blocks_used: int
+    kv_blocks_free: int
+    preemptions: int  # since the start
+    finished: int  # requests ended since the start
+    received: int  # requests received since the start: the parent counts those still in flight
+
+
+@dataclass(frozen=True)
+class StepReport:
+    outputs: list[Output]
+    stats: EngineStats
+
+
+class Command(enum.Enum):
+    ADD = "add"  # payload: a Request
+    ABORT = "abort"  # payload: a request id
+    DRAIN = "drain"  # finish what you hold, say STOPPED, exit
+
+
+STOPPED = "stopped"  # the engine's last message after a drain
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles a module by its name: the model holds its ops module (kernels or
+    kernels.reference, trainer/model.py), which the engine process imports again."""
+
+    def reducer_override(self, obj):
+        if isinstance(obj, types.ModuleType):
+            return importlib.import_module, (obj.__name__,)
+        return NotImplemented
+
+
+def dumps(message: Any) -> bytes:
+    buffer = io.BytesIO()
+    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
+    return buffer.getvalue()
+
+
+def send(conn: Connection, message: Any) -> None:
+    conn.send_bytes(dumps(message))
+
+
+def receive(conn: Connection) -> Any:
+    return pickle.loads(conn.recv_bytes())
+
+
+def run_engine(conn: Connection, spec_bytes: bytes) -> None:
+    """The engine process's main: `spec_bytes` is a pickled EngineSpec."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    spec: EngineSpec = pickle.loads(spec_bytes)
+    torch.set_num_threads(spec.threads)
+    engine = Engine(
+        spec.model,
+        spec.cfg,
+        decode=spec.decode,
+        eos_id=spec.eos_id,
+        max_len=spec.max_len,
+        embed_images=spec.embed_images,
+    )
+    received, draining = 0, False
+    refused: list[Output] = []
+
+    def stats() -> EngineStats:
+        allocator = engine.cache.allocator
+        return EngineStats(
+            len(engine.running),
+            len(engine.waiting),
+            allocator.used,
+            allocator.free,
+            engine.preemptions,
+            engine.finished,
+            received,
+        )
+
+    send(conn, StepReport([], stats()))  # ready
+    while True:
+        idle = not engine.has_work()
+        if idle and draining:
+            send(conn, STOPPED)
+            return
+        try:
+            if idle:
+                conn.poll(None)  # nothing to do until a command comes (or the pipe closes)
+            while conn.poll():
+                command, payload = receive(conn)
+                if command is Command.ADD:
+                    received += 1
+                    try:
+                        engine.add(payload)
+                    except ValueError:  # the API checks these first; never lose the request
+                        refused.append(Output(payload.id, "", [], FinishReason.ABORT))
+                elif command is Command.ABORT:
+                    engine.abort(payload)
+                elif command is Command.DRAIN:
+                    draining = True
+        except EOFError:
+            return  # the parent is gone
+        outputs, refused = refused, []
+        if engine.has_work():
+            outputs += engine.step()
+        if outputs or not idle:
+            send(conn, StepReport(outputs, stats()))
