@@ -161,7 +161,11 @@ class _Mailbox:
         self._items.append((outputs, out))
         if not self._scheduled:
             self._scheduled = True
-            self.loop.call_soon_threadsafe(self._flush)
+            try:
+                self.loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop is closed: the server stopped, its clients are gone
+                self._scheduled = False
+                self._items.clear()
 
     def _flush(self) -> None:  # on the loop
         self._scheduled = False

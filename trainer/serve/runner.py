@@ -6,14 +6,15 @@ receiving thread here, which hands every output to its request's sink (a callabl
 supplies, e.g. one that hands it to the event loop) and records latency and load. Latency is
 measured here, on the clock of the process that writes to the clients.
 
-If the engine process dies (a crash, the OOM killer), every open request ends with finish
-reason `abort`, new ones are refused (503), and `failed` says why: the serve job then exits
-FAILED and the launcher's retry policy restarts it.
+If the engine process dies (a crash, the OOM killer), or the receiving thread fails, every open
+request ends with finish reason `abort`, new ones are refused (503), and `failed` says why: the
+serve job then exits FAILED and the launcher's retry policy restarts it.
 """
 
 import multiprocessing
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -172,22 +173,30 @@ class EngineRunner:
             pass
 
     def _receive(self) -> None:
-        while True:
-            try:
-                message = receive(self._conn)
-            except (EOFError, OSError):
-                self._engine_gone()
-                return
-            if message == STOPPED:
-                self._stopped.set()
-                return
-            self._report(message)
+        try:
+            while True:
+                try:
+                    message = receive(self._conn)
+                except (EOFError, OSError):
+                    self.process.join(5)
+                    code = self.process.exitcode
+                    self._fail(f"the serve engine process exited with code {code}")
+                    return
+                if message == STOPPED:
+                    self._stopped.set()
+                    return
+                self._report(message)
+        except Exception as e:  # a bug here must not leave a server that answers nothing
+            traceback.print_exc()
+            self._fail(f"the serve job's output thread failed: {e!r}")
 
-    def _engine_gone(self) -> None:
-        self.process.join(5)
+    def _fail(self, reason: str) -> None:
+        """Ends every open request (finish reason `abort`) and refuses new ones: `failed`."""
         with self._lock:
-            self.failed = f"the serve engine process exited with code {self.process.exitcode}"
+            self.failed = reason
             live, self._live = self._live, {}
+        if self.process.is_alive():
+            self.process.kill()
         for request_id, timing in live.items():
             self.metrics.ended(FinishReason.ABORT.value)
             timing.sink(Output(request_id, "", [], FinishReason.ABORT))
