@@ -125,13 +125,13 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
             received,
         )
 
-    send(conn, StepReport([], stats()))  # ready
-    while True:
-        idle = not engine.has_work()
-        if idle and draining:
-            send(conn, STOPPED)
-            return
-        try:
+    try:
+        send(conn, StepReport([], stats()))  # ready
+        while True:
+            idle = not engine.has_work()
+            if idle and draining:
+                send(conn, STOPPED)
+                return
             if idle:
                 conn.poll(None)  # nothing to do until a command comes (or the pipe closes)
             while conn.poll():
@@ -146,10 +146,10 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
                     engine.abort(payload)
                 elif command is Command.DRAIN:
                     draining = True
-        except EOFError:
-            return  # the parent is gone
-        outputs, refused = refused, []
-        if engine.has_work():
-            outputs += engine.step()
-        if outputs or not idle:
-            send(conn, StepReport(outputs, stats()))
+            outputs, refused = refused, []
+            if engine.has_work():
+                outputs += engine.step()
+            if outputs or not idle:
+                send(conn, StepReport(outputs, stats()))
+    except (EOFError, BrokenPipeError):
+        return  # the parent is gone: so are the requests' clients

@@ -97,7 +97,7 @@ class EngineRunner:
         self._sent = 0  # requests sent to the engine since the start
         self._live: dict[str, _Timing] = {}
         self._draining = False
-        self.failed = ""  # why the engine process ended unasked ("": it did not)
+        self.failed = ""  # why the server can no longer answer ("": it can)
         self.stats = EngineStats(0, 0, 0, self.cfg.num_blocks, 0, 0, 0)
         self._preemptions_seen = 0
         self.generated = 0  # tokens generated so far (the heartbeat's throughput)
