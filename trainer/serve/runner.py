@@ -93,7 +93,6 @@ class EngineRunner:
         self._child_conn = child
         self._send_lock = threading.Lock()  # the event loop and the main thread both send
         self._lock = threading.Lock()
-        self._queued = 0  # submitted, not yet running: in flight + the engine's queue
         self._sent = 0  # requests sent to the engine since the start
         self._live: dict[str, _Timing] = {}
         self._draining = False
@@ -128,13 +127,13 @@ class EngineRunner:
         with self._lock:
             if self._draining or self.failed:
                 raise Draining(self.failed or "the server is shutting down")
-            if self._queued >= self.cfg.max_waiting:
+            waiting = self.load().waiting_requests  # in flight + the engine's queue
+            if waiting >= self.cfg.max_waiting:
                 self.metrics.ended("overloaded")
                 raise Overloaded(
-                    f"{self._queued} requests are already waiting (serve.max_waiting "
+                    f"{waiting} requests are already waiting (serve.max_waiting "
                     f"{self.cfg.max_waiting}): retry later"
                 )
-            self._queued += 1
             self._sent += 1
             self._live[request.id] = _Timing(sink, request.arrived)
         self.metrics.prompt_tokens.inc(len(request.prompt))
@@ -233,9 +232,7 @@ class EngineRunner:
         self._ttft.extend(ttft)
         m.generation_tokens.inc(generated)
         self.generated += generated
-        s, self.stats = report.stats, report.stats
-        with self._lock:
-            self._queued = s.waiting + self._sent - s.received
+        s = self.stats = report.stats
         m.preemptions.inc(s.preemptions - self._preemptions_seen)
         self._preemptions_seen = s.preemptions
         load = self.load()
