@@ -3,6 +3,7 @@ streaming) and with raw HTTP for the error cases, overload and a client that goe
 
 import http.client
 import json
+import socket
 import threading
 import time
 from urllib.parse import urlparse
@@ -102,6 +103,29 @@ def test_streaming_completion_and_chat_add_up_to_the_whole_answer(client, model)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == want
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_connections_stay_alive_with_nagle_off(server):
+    """A client keeps its connection from one request to the next (the openai client does),
+    and the server's side of it sends each streamed event at once: with Nagle's algorithm on, a
+    small write waits for the ACK of the one before, which a client delays up to 40 ms."""
+    url = urlparse(server.endpoint)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    try:
+        body = json.dumps({"model": "tiny", "prompt": "ab", "max_tokens": 3, "stream": True})
+        for _ in range(2):
+            conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            assert response.status == 200 and response.getheader("connection") != "close"
+            assert response.read().endswith(b"data: [DONE]\n\n")
+        sockets = [
+            c.transport.get_extra_info("socket") for c in server.http.server_state.connections
+        ]
+        assert sockets, "the connection is still open"
+        for sock in sockets:
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+    finally:
+        conn.close()
 
 
 def test_greedy_inside_a_full_batch_equals_generate(server, model):

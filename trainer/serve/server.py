@@ -55,7 +55,11 @@ class Server:
             threads=torch.get_num_threads(),
         )
         self.runner = EngineRunner(spec, ServeMetrics(served.name))
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only
+        # on sockets that say they are TCP, and accepted connections inherit it from this one.
+        # With Nagle on, a streamed token waits for the client's delayed ACK of the one before:
+        # on a kept-alive connection (the openai client's) tokens came in 40 ms bursts.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((cfg.host or "127.0.0.1", cfg.port))
         config = uvicorn.Config(
