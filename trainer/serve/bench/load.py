@@ -40,7 +40,10 @@ class Result:
 
 def run_clients(endpoint: str, body: dict, clients: int, each: int) -> tuple[float, list[Record]]:
     """`clients` connections at once, each sending `each` requests in turn: (wall seconds,
-    records). All on one thread over epoll: the load generator shares the machine it measures,
+    records). A connection is kept alive from one request to the next, as the openai client's
+    connection pool (httpx) and vLLM's benchmark (aiohttp) keep theirs: a connection per
+    request would add a TCP accept and close to every request, paid by the server's HTTP
+    process. All on one thread over epoll: the load generator shares the machine it measures,
     and a thread per client (each woken for every token) cost as much CPU as the server's HTTP
     side; one thread reading whatever has arrived on every ready socket costs a fraction."""
     url = urlparse(endpoint)
@@ -48,37 +51,48 @@ def run_clients(endpoint: str, body: dict, clients: int, each: int) -> tuple[flo
     payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
     request = (
         f"POST /v1/completions HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\n"
-        "Content-Type: application/json\r\nConnection: close\r\n"
+        "Content-Type: application/json\r\n"
         f"Content-Length: {len(payload.encode())}\r\n\r\n{payload}"
     ).encode()
     selector = selectors.DefaultSelector()
-    records: list[Record] = []
+    done: list[_Stream] = []  # parsed after the run: the parsing is not the server's time
     left = [each] * clients
 
-    def send(client: int) -> None:
-        sock = socket.create_connection(address, timeout=600)
-        sock.setblocking(False)
+    def send(client: int, sock: socket.socket | None) -> None:
+        """The client's next request, on `sock` (kept alive) or on a new connection (None)."""
         stream = _Stream(time.perf_counter())
+        if sock is None:
+            sock = socket.create_connection(address, timeout=600)
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ, (client, stream))
+        else:
+            selector.modify(sock, selectors.EVENT_READ, (client, stream))
         sock.sendall(request)  # a few hundred bytes: the socket's buffer takes them at once
-        selector.register(sock, selectors.EVENT_READ, (client, stream))
 
     start = time.perf_counter()
     for client in range(clients):
-        send(client)
+        send(client, None)
     while selector.get_map():
         for key, _ in selector.select():
             sock, (client, stream) = key.fileobj, key.data
             data = sock.recv(1 << 16)  # type: ignore[union-attr]
             if data:
                 stream.arrived(data, time.perf_counter())
+            if data and not stream.complete():
+                continue
+            if not data and not stream.complete():
+                raise RuntimeError(f"the server closed the connection mid-response: {stream}")
+            done.append(stream)
+            left[client] -= 1
+            if data and left[client] and not stream.close:
+                send(client, sock)  # type: ignore[arg-type]
                 continue
             selector.unregister(sock)
             sock.close()  # type: ignore[union-attr]
-            records.append(stream.record())
-            left[client] -= 1
             if left[client]:
-                send(client)
-    return time.perf_counter() - start, records
+                send(client, None)
+    wall = time.perf_counter() - start
+    return wall, [stream.record() for stream in done]
 
 
 class _Stream:
@@ -88,10 +102,31 @@ class _Stream:
         self.sent = sent
         self.raw = bytearray()
         self.arrivals: list[tuple[int, float]] = []  # (bytes received so far, time)
+        self.body_at: int | None = None  # where the body starts in raw, once the head is in
+        self.length: int | None = None  # Content-Length, when the body is not chunked
+        self.close = False  # the server closes the connection after this response
 
     def arrived(self, data: bytes, now: float) -> None:
         self.raw += data
         self.arrivals.append((len(self.raw), now))
+
+    def complete(self) -> bool:
+        """Whether the whole response is in: a chunked body's last chunk, or Content-Length
+        bytes of body (an error's JSON). Called on every recv: the head is parsed once."""
+        if self.body_at is None:
+            end = self.raw.find(b"\r\n\r\n")
+            if end < 0:
+                return False
+            self.body_at, head = end + 4, bytes(self.raw[:end])
+            length = _header(head, b"content-length")
+            self.length = None if length is None else int(length)
+            self.close = _header(head, b"connection") == b"close"
+        if self.length is not None:
+            return len(self.raw) - self.body_at >= self.length
+        return self.raw.endswith(b"0\r\n\r\n")
+
+    def __str__(self) -> str:
+        return repr(bytes(self.raw)[:300])
 
     def record(self) -> Record:
         """The response parsed once it is complete: every event carrying text is timed by the
@@ -113,6 +148,15 @@ class _Stream:
     def _time_of(self, position: int) -> float:
         i = bisect.bisect_left(self.arrivals, position, key=lambda a: a[0])
         return self.arrivals[i][1]
+
+
+def _header(head: bytes, name: bytes) -> bytes | None:
+    """The value of header `name` (lowercase) in a response's head, None when absent."""
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            return value.strip().lower()
+    return None
 
 
 def _events(body: bytes):
