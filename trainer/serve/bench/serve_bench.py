@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from protos import defaults, trainer_config_pb2
-from trainer.bench.machine import machine
+from trainer.bench.machine import cpu_ticks, machine, stolen_share
 from trainer.model import Transformer
 from trainer.serve.api import ServedModel
 from trainer.serve.bench.load import Result, run_clients, summarize
@@ -97,12 +97,14 @@ class Round:
     rows: list[tuple[str, Level]]
     base: Level  # the better one-at-a-time run with 1 client (the CPU ratios' base)
     load: float  # the machine's 1-minute load average when the round ended
+    steal: float  # the share of CPU time the hypervisor took during the round
 
 
 def one_round(
     pool: ProcessPoolExecutor, serial: Server, batched: Server, levels: list[int], args
 ) -> Round:
     rows = []
+    ticks = cpu_ticks()
     one = max(8, args.requests // 16)
     base = run_level(pool, serial, 1, one, args.max_tokens)
     rows.append(("one at a time (max_running 1)", base))
@@ -119,11 +121,14 @@ def one_round(
     again = run_level(pool, serial, 1, one, args.max_tokens)
     rows.append(("one at a time (max_running 1), again", again))
     base = max(base, again, key=lambda level: level.tokens_per_cpu_second)
-    return Round(rows, base, os.getloadavg()[0])
+    return Round(rows, base, os.getloadavg()[0], stolen_share(ticks, cpu_ticks()))
 
 
 def print_round(number: int, r: Round) -> None:
-    print(f"\nRound {number} (load average {r.load:.1f} at its end):\n")
+    print(
+        f"\nRound {number} (load average {r.load:.1f} at its end; {100 * r.steal:.0f}% of the "
+        "CPU time stolen by the hypervisor):\n"
+    )
     print(
         "| server | clients | requests | tokens/s (wall) | tokens per server CPU-second | "
         "x one at a time (CPU) | CPU per token: engine / HTTP process (us) | "

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from protos import defaults, trainer_config_pb2
+from trainer.bench.machine import cpu_ticks, stolen_share
 from trainer.serve.bench.serve_bench import VOCAB, bench_model
 from trainer.serve.engine import Engine, Request, SamplingParams
 from trainer.serve.kv_cache import PagedKVCache
@@ -80,6 +81,7 @@ def main() -> None:
     model = bench_model()
     sides = {"one at a time": 1, f"{args.batch} together": args.batch}
     per_token = {}
+    ticks = cpu_ticks()
     for name, batch in sides.items():
         run(model, batch, batch, args.max_tokens)  # warm-up
         cpu, tokens = run(model, batch, 4 * batch, args.max_tokens)
@@ -87,7 +89,8 @@ def main() -> None:
     one, many = per_token.values()
     print(
         f"engine alone, CPU per generated token: one at a time {one:.0f} us, {args.batch} "
-        f"together {many:.0f} us ({one / many:.1f}x); load average {os.getloadavg()[0]:.1f}\n"
+        f"together {many:.0f} us ({one / many:.1f}x); load average {os.getloadavg()[0]:.1f}, "
+        f"{100 * stolen_share(ticks, cpu_ticks()):.0f}% of the CPU time stolen by the hypervisor\n"
     )
     print("| part of the step (under cProfile) | " + " | ".join(sides) + " |")
     print("|---|" + "---|" * len(sides))
