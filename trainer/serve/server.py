@@ -56,7 +56,7 @@ class Server:
         )
         self.runner = EngineRunner(spec, ServeMetrics(served.name))
         # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only
-        # on sockets that say they are TCP, and accepted connections inherit it from this one.
+        # on sockets that say they are TCP, and accepted ones take their protocol from this one.
         # With Nagle on, a streamed token waits for the client's delayed ACK of the one before:
         # on a kept-alive connection (the openai client's) tokens came in 40 ms bursts.
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
