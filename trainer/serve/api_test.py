@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from trainer.generate import generate
+from trainer.serve.engine_process import dumps
 from trainer.serve.runner import Latency
 from trainer.serve.testing import BOS, EOS, VOCAB, decode, encode, start_server, tiny_model
 
@@ -285,6 +286,14 @@ def test_metrics_and_heartbeat_latency_window(client, server):
         assert f'kitchen_serve_{name}_count{{model_name="tiny"}}' in text
     beat = server.heartbeat("j1", 1)
     assert beat.endpoint == server.endpoint and beat.kv_blocks_free > 0
+
+
+def test_the_engine_process_maps_the_weights_it_does_not_copy_them(server, model):
+    """The model went to the engine process as shared memory (CUDA IPC handles on a GPU): what
+    the pipe carried is a few kilobytes of handles, not the megabytes of weights."""
+    assert all(p.is_shared() for p in model.parameters())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert len(dumps(model)) < weights / 10
 
 
 def test_an_engine_process_that_dies_ends_open_requests_and_refuses_new_ones(model):

@@ -7,10 +7,14 @@ they take turns on one core; in two, the HTTP work of one step runs beside the m
 the next. On the 2-core bench machine that is most of continuous batching's lead over one
 request at a time (bench/serve_results.md).
 
-Messages are pickled by value (tensors too: a VLM's image, the model at start), one message
-per step each way at most. The child ignores SIGINT and SIGTERM: the parent drains it (a
-Ctrl-C or a launcher's SIGTERM reaching the whole process group must not cut requests off),
-and it exits when told to drain and done, or when the parent is gone (its pipe closes).
+Messages are pickled, one per step each way at most; tensors in them (the model at start, a
+VLM's image) travel as torch.multiprocessing sends them: CPU tensors in shared memory, CUDA
+tensors as IPC handles. The engine process maps the weights the server loaded instead of
+getting a copy: one copy in memory, on a GPU too, however large the model.
+
+The child ignores SIGINT and SIGTERM: the parent drains it (a Ctrl-C or a launcher's SIGTERM
+reaching the whole process group must not cut requests off), and it exits when told to drain
+and done, or when the parent is gone (its pipe closes).
 """
 
 import enum
@@ -22,9 +26,11 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
+import torch.multiprocessing  # noqa: F401  # registers its tensor reducers with ForkingPickler
 
 from protos import trainer_config_pb2
 from trainer.model import Transformer
@@ -72,8 +78,9 @@ class Command(enum.Enum):
 STOPPED = "stopped"  # the engine's last message after a drain
 
 
-class _Pickler(pickle.Pickler):
-    """Pickles a module by its name: the model holds its ops module (kernels or
+class _Pickler(ForkingPickler):
+    """multiprocessing's pickler (tensors by shared memory, with torch's reducers), which also
+    pickles a module by its name: the model holds its ops module (kernels or
     kernels.reference, trainer/model.py), which the engine process imports again."""
 
     def reducer_override(self, obj):
@@ -84,7 +91,7 @@ class _Pickler(pickle.Pickler):
 
 def dumps(message: Any) -> bytes:
     buffer = io.BytesIO()
-    _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(message)
+    _Pickler(buffer, pickle.HIGHEST_PROTOCOL).dump(message)
     return buffer.getvalue()
 
 
