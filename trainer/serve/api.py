@@ -349,10 +349,10 @@ async def _stream(
                     events.append(f"data: {json.dumps(chunk)}\n\n")
                 elif out.text:
                     events.append(reply.text_event(out.text))
-            if finished and usage:
-                last = {**reply.chunk("", None), "choices": [], "usage": reply.usage(tokens)}
-                events.append(f"data: {json.dumps(last)}\n\n")
             if finished:
+                if usage:
+                    last = {**reply.chunk("", None), "choices": [], "usage": reply.usage(tokens)}
+                    events.append(f"data: {json.dumps(last)}\n\n")
                 events.append("data: [DONE]\n\n")
             if events:
                 yield "".join(events)

@@ -78,9 +78,9 @@ def run_clients(endpoint: str, body: dict, clients: int, each: int) -> tuple[flo
             data = sock.recv(1 << 16)  # type: ignore[union-attr]
             if data:
                 stream.arrived(data, time.perf_counter())
-            if data and not stream.complete():
-                continue
-            if not data and not stream.complete():
+            if not stream.complete():
+                if data:
+                    continue
                 raise RuntimeError(f"the server closed the connection mid-response: {stream}")
             done.append(stream)
             left[client] -= 1
