@@ -161,6 +161,10 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "temperature": Field(1.0, 0, 100, low_open=True),
         "eval_fraction": Field(0.1, 0, 1, high_open=True),
     },
+    "distill": {  # #30: DISTILL (trainer/recipes/distill.py)
+        "temperature": Field(2.0, 0, 100, low_open=True),
+        "alpha": Field(0.5, 0, 1),
+    },
     "eval": {
         "limit": Field(0, 0, INT32_MAX),
         "batch_size": Field(8, 1, 1 << 16),

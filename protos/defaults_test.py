@@ -19,6 +19,7 @@ SECTION_OF["RlConfig"] = "rl"
 SECTION_OF.update(EvalConfig="eval")
 SECTION_OF.update(VisionConfig="vision")  # #16
 SECTION_OF.update(ServeConfig="serve")
+SECTION_OF.update(DistillConfig="distill")  # #30
 
 
 def _literal(type_name: str, text: str):

@@ -30,6 +30,7 @@ from protos.rules import check, check_range, check_ranges
 from protos.validation_kinds import (
     IMAGE_FORMATS,
     RL_KINDS,
+    validate_distill,
     validate_rl,
     validate_serve,
     validate_vision,
@@ -264,7 +265,9 @@ def validate_trainer(
             + enums.enum_name(d, "format"),
         )
     if kind in RL_KINDS:
-        validate_rl(cfg, kind, world_size)
+        validate_rl(cfg, kind)
+    if kind == job_pb2.DISTILL:
+        validate_distill(cfg)
     check(
         m.dim % m.n_heads == 0, "trainer.model.n_heads", f"{m.n_heads} does not divide dim {m.dim}"
     )

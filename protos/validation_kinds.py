@@ -1,6 +1,6 @@
 """The rules particular to one kind of job (part of rule 3, protos/validation.py): the
-post-training kinds (REWARD, DPO, PPO: `validate_rl`), the jobs that read images (VLM:
-`validate_vision`) and the serve job (`validate_serve`)."""
+post-training kinds (REWARD, DPO, PPO: `validate_rl`; DISTILL: `validate_distill`), the jobs
+that read images (VLM: `validate_vision`) and the serve job (`validate_serve`)."""
 
 from protos import enums, job_pb2, trainer_config_pb2
 from protos.rules import check, check_ranges
@@ -9,13 +9,10 @@ from protos.rules import check, check_ranges
 RL_KINDS = (job_pb2.REWARD, job_pb2.DPO, job_pb2.PPO)
 
 
-def validate_rl(
-    cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind, world_size: int = 1
-) -> None:
+def validate_rl(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind) -> None:
     """The rules of a REWARD, DPO or PPO job (trainer.rl and what it needs elsewhere)."""
     rl, name = cfg.rl, job_pb2.JobKind.Name(kind)
     check_ranges(rl, "rl", "trainer.rl")
-    check(world_size == 1, "resources", f"{name} runs in one process, not {world_size}")
     check(
         bool(cfg.checkpoint.path),
         "trainer.checkpoint.path",
@@ -35,6 +32,21 @@ def validate_rl(
             "trainer.rl.group_size",
             f"{rl.group_size}: GRPO normalizes rewards within a group, it needs at least 2",
         )
+
+
+def validate_distill(cfg: trainer_config_pb2.TrainerConfig) -> None:
+    """#30: a DISTILL job names its teacher and trains on text."""
+    check_ranges(cfg.distill, "distill", "trainer.distill")
+    check(
+        bool(cfg.distill.teacher_path),
+        "trainer.distill.teacher_path",
+        "DISTILL learns from a teacher: name its checkpoint (a step_* directory)",
+    )
+    check(
+        cfg.data.format not in IMAGE_FORMATS,
+        "trainer.data.format",
+        f"{enums.enum_name(cfg.data, 'format')} holds images: DISTILL trains on text",
+    )
 
 
 # #16: the data formats that hold images (read by trainer/data/images.py)

@@ -167,14 +167,11 @@ def test_resolve_trainer_does_not_change_its_input():
             },
             "trainer.rl.beta: 0 is not in (0, 100]",
         ),
+        (job_pb2.DISTILL, {}, "trainer.distill.teacher_path: DISTILL learns from a teacher"),
         (
-            job_pb2.DPO,
-            {
-                "trainer__checkpoint__path": "/c",
-                "trainer__rl__preferences": "/p",
-                "resources__processes_per_node": 2,
-            },
-            "resources: DPO runs in one process, not 2",
+            job_pb2.DISTILL,
+            {"trainer__distill__teacher_path": "/t", "trainer__distill__alpha": 1.5},
+            "trainer.distill.alpha: 1.5 is not in [0, 1]",
         ),
     ],
 )
@@ -182,6 +179,17 @@ def test_rl_jobs_need_their_inputs(kind, fields, message):
     spec = spec_with(**fields)
     spec.kind = kind
     assert message in error(spec)
+
+
+def test_post_training_kinds_run_on_several_processes():
+    # #30: every training kind runs on the one core, under DDP or FSDP alike.
+    spec = spec_with(
+        trainer__checkpoint__path="/c",
+        trainer__rl__preferences="/p",
+        resources__processes_per_node=2,
+    )
+    spec.kind = job_pb2.DPO
+    validate_job_spec(spec, world_size=2)
 
 
 def test_an_rl_job_resolves_with_its_defaults():

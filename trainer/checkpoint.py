@@ -339,6 +339,15 @@ def load(path: Path, model, optimizer, rank: int, sharded: bool = False) -> dict
     return ranks[rank] if len(ranks) == world_size else ranks[0]
 
 
+def language_model_state(path: Path) -> dict:
+    """model.pt's language model: the whole state, or its `lm.` part where the run trained
+    more than a Transformer (a scalar head: REWARD, PPO; a VLM's encoder and projector)."""
+    state = torch.load(Path(path) / "model.pt", map_location="cpu", mmap=True)
+    if any(k.startswith("lm.") for k in state):
+        return {k[3:]: v for k, v in state.items() if k.startswith("lm.")}
+    return state
+
+
 def load_model(path: Path, device, use_kernels: bool = True) -> tuple[Any, CheckpointMeta]:
     """(model, meta) for evaluation or generation: the model alone, rebuilt from meta.json."""
     from trainer.model import Transformer, select_ops
@@ -351,7 +360,7 @@ def load_model(path: Path, device, use_kernels: bool = True) -> tuple[Any, Check
             "JSONL_IMAGE or IMAGE_DIR) and the trainer.vision section it was trained with"
         )
     model = Transformer(meta.model, meta.vocab_size, ops=select_ops(use_kernels, device))
-    model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", mmap=True))
+    model.load_state_dict(language_model_state(path))
     return model.to(device).eval(), meta
 
 

@@ -51,11 +51,18 @@ def active() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1
 
 
-def wrap(model: torch.nn.Module, parallelism: str, env: DistEnv, param_dtype: torch.dtype):
+def wrap(
+    model: torch.nn.Module,
+    parallelism: str,
+    env: DistEnv,
+    param_dtype: torch.dtype,
+    blocks: list[torch.nn.Module] | None = None,
+):
     """The model, replicated (DDP) or sharded (FSDP) across the process group.
 
-    FSDP shards each block and then the root (embeddings, final norm, head), so a block's
-    parameters are gathered just before it runs and freed right after.
+    FSDP shards each of `blocks` (default: the Transformer's layers) and then the root
+    (embeddings, final norm, head, ...), so a block's parameters are gathered just before it
+    runs and freed right after.
     """
     if not active() or parallelism == "SINGLE":
         return model
@@ -76,15 +83,32 @@ def wrap(model: torch.nn.Module, parallelism: str, env: DistEnv, param_dtype: to
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    for block in model.layers:
+    for block in model.layers if blocks is None else blocks:
         fully_shard(block, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     return model
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The Transformer inside a DDP wrapper (FSDP2 shards in place, so there is none)."""
+    """The module inside a DDP wrapper (FSDP2 shards in place, so there is none)."""
     return getattr(model, "module", model)
+
+
+@contextlib.contextmanager
+def whole(model: torch.nn.Module):
+    """The bare module with every parameter whole for what runs outside its forward (a
+    rollout's decoding, an evaluation that calls the blocks itself): under FSDP2 each sharded
+    module is gathered for the block's duration (every rank must enter it, a collective) and
+    resharded after; otherwise nothing is gathered."""
+    bare = unwrap(model)
+    sharded = [m for m in bare.modules() if hasattr(m, "unshard") and hasattr(m, "reshard")]
+    for m in sharded:
+        m.unshard()
+    try:
+        yield bare
+    finally:
+        for m in sharded:
+            m.reshard()
 
 
 @contextlib.contextmanager

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from protos.trainer_config_pb2 import TrainerConfig
 from trainer import distributed
 from trainer.distributed import DistEnv
+from trainer.lm_loss import summed_loss
 from trainer.model import attention_layout
 
 CONTEXT = 32
@@ -76,7 +77,9 @@ def heldout_loss(
         layout = attention_layout(b["document_ids"], env.device, dtype)
         b = {k: v.to(env.device) for k, v in b.items()}
         with _autocast(env.device, dtype):
-            totals[0] += model(b["input_ids"], b["position_ids"], layout, b["labels"]).double()
+            totals[0] += summed_loss(
+                model, b["input_ids"], b["position_ids"], layout, b["labels"]
+            ).double()
         totals[1] += (b["labels"] != -100).sum()
     model.train(was_training)
     loss_sum, tokens = distributed.all_reduce_sum(totals).tolist()

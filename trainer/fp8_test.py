@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from protos import job_pb2
 from protos.config_yaml import ConfigError, job_spec_from_dict
 from protos.progress_log import read_progress_log
 from protos.validation import resolve_trainer
@@ -16,6 +15,7 @@ from trainer import fp8, loop
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
 from trainer.model import Transformer
+from trainer.recipes.lm import lm_trainer
 from trainer.testing import tiny_job
 
 torch.set_num_threads(1)
@@ -127,9 +127,7 @@ def fp8_trainer(cache, run_dir, dtype: str) -> loop.Trainer:
     spec = job_spec_from_dict(tiny_job(cache, steps=12, train={"dtype": dtype}))
     cfg = resolve_trainer(spec.trainer)
     ds = precook_dataset(cfg.data, str(cache), show_progress=False)
-    return loop.Trainer(
-        cfg, job_pb2.PRETRAIN, run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=lambda _: None
-    )
+    return lm_trainer(cfg, run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=lambda _: None)
 
 
 def test_a_short_run_with_float8_linears_tracks_bf16(tmp_path, monkeypatch):

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from trainer.grad_noise import GradientNoiseScale, MicroBatchGradNorm
+from trainer.lm_loss import summed_loss
 
 
 def test_recovers_the_noise_scale_of_a_known_gradient_distribution():
@@ -46,12 +47,12 @@ def test_micro_batch_norm_is_the_norm_of_the_gradient_backward_computes(recomput
     assert cfg.model.tie_embeddings
     model = Transformer(cfg.model, cfg.data.vocab_size, recompute=recompute)
     ids, position_ids, layout, labels = tiny_batch(cfg)
-    loss = model(ids, position_ids, layout, labels=labels)
+    loss = summed_loss(model, ids, position_ids, layout, labels)
     probe = MicroBatchGradNorm(loss)
     loss.backward()
     measured = probe.close()
     expected = sum(float(p.grad.double().pow(2).sum()) for p in model.parameters())
     assert measured == pytest.approx(expected, rel=1e-7)
     # Closed: a second backward pass adds nothing to it.
-    model(ids, position_ids, layout, labels=labels).backward()
+    summed_loss(model, ids, position_ids, layout, labels).backward()
     assert probe.close() == measured

@@ -15,6 +15,7 @@ import kernels  # noqa: E402
 from kernels import reference  # noqa: E402
 from protos import trainer_config_pb2  # noqa: E402
 from protos.validation import resolve_trainer  # noqa: E402
+from trainer.lm_loss import summed_loss
 from trainer.model import Transformer, attention_layout, select_ops  # noqa: E402
 
 torch.set_num_threads(1)
@@ -51,7 +52,9 @@ def test_kernels_match_reference_loss_and_gradients(moe_experts):
     for ops in (kernels, reference):
         torch.manual_seed(1)
         model = Transformer(model_config(moe_experts), VOCAB, ops=ops)
-        loss = model(ids, positions, attention_layout(docs, "cpu", torch.float32), labels)
+        loss = summed_loss(
+            model, ids, positions, attention_layout(docs, "cpu", torch.float32), labels
+        )
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
     (loss_k, grads_k), (loss_r, grads_r) = results

@@ -1,9 +1,11 @@
-"""The training loop: pretrain and SFT on packed rows, one code path for 1 or N processes.
+"""The training loop: the one core every training kind runs on, for 1 or N processes.
 
-A step: read `grad_accum` micro-batches, agree across ranks on how many tokens carry a label
-(the loss is the mean over every labelled token of the global batch, however they are split
-into micro-batches and ranks), forward and backward each micro-batch (gradients all-reduced on
-the last), clip, let the loss guard veto the update, step the optimizer and the schedule.
+What differs between kinds is the recipe's (trainer/recipe.py: the model, its batches, its loss,
+its evaluation; trainer/recipes/ has one per kind). A step: read `grad_accum` micro-batches,
+agree across ranks on how many units (labelled tokens, pairs, ...) the loss covers (it is the
+mean over every unit of the global batch, however they are split into micro-batches and ranks),
+forward and backward each micro-batch (gradients all-reduced on the last), clip, let the loss
+guard veto the update, step the optimizer and the schedule.
 
 What the loop is built on and delegates to lies beside it: model_setup.py (the model, its
 parallel wrapping, optimizer and schedule), step.py (the step's compute and token accounting),
@@ -13,21 +15,19 @@ loop_checkpoint.py (save, resume, rollback restore).
 import contextlib
 import enum
 import math
-import signal
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from protos import job_pb2, trainer_config_pb2
-from trainer import checkpoint, evaluate, model_setup, moe
-from trainer.config import train_dtype
-from trainer.distributed import DistEnv, unwrap
+from trainer import checkpoint, model_setup, moe
+from trainer.distributed import unwrap
 from trainer.grad_noise import GradientNoiseScale
 from trainer.health.monitor import HealthMonitor
 from trainer.loop_checkpoint import LoopCheckpoints, TrainingError
 from trainer.loss_guard import LossGuard, Verdict
 from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_start_time
+from trainer.recipe import BatchCounts, Recipe
 from trainer.sizing import flops
 from trainer.step import agree_counts, batch_positions, engine_step, is_logged, train_step
 
@@ -47,41 +47,25 @@ class Outcome(enum.Enum):
 
 
 class Trainer(LoopCheckpoints):
-    """Pretrain or SFT one run: `resume_or_init`, then `run` (checkpoints: loop_checkpoint.py)."""
+    """One run of any training kind: `resume_or_init`, then `run` (loop_checkpoint.py)."""
 
-    def __init__(
-        self,
-        cfg: trainer_config_pb2.TrainerConfig,
-        kind: job_pb2.JobKind,
-        run_dir: str | Path,
-        env: DistEnv,
-        dataset_path: str | Path,
-        vocab_size: int,
-        *,
-        log: Callable[[str], None],
-    ):
-        """`cfg`: resolved (protos.validation.resolve_trainer); `kind`: PRETRAIN or SFT."""
-        from trainer.data.loader import PackedRowLoader
-
-        self.cfg, self.kind, self.env, self.log = cfg, kind, env, log
-        self.run_dir, self.dataset_path = Path(run_dir), str(dataset_path)
-        self.device, self.dtype = env.device, train_dtype(cfg, env.device)
-        self.vocab_size = vocab_size
-        parts = model_setup.set_up(cfg, env, vocab_size, self.dtype, log)
+    def __init__(self, recipe: Recipe, run_dir: str | Path, *, log: Callable[[str], None]):
+        """`recipe.cfg`: resolved (protos.validation.resolve_trainer)."""
+        cfg, env = recipe.cfg, recipe.env
+        self.recipe = recipe
+        self.cfg, self.kind, self.env, self.log = cfg, recipe.kind, env, log
+        self.run_dir, self.dataset_path = Path(run_dir), str(recipe.dataset)
+        self.device, self.dtype = env.device, recipe.dtype
+        self.vocab_size = recipe.vocab_size
+        parts = model_setup.set_up(cfg, env, recipe, self.dtype, log)
+        self.bare, self.started = parts.bare, parts.started
         self.model, self.engine, self.layout = parts.model, parts.engine, parts.layout
         self.parallelism, self.flops_per_token = parts.parallelism, parts.flops_per_token
         self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
         self.scaler = parts.scaler
         self.copies = env.world_size // parts.data_ranks  # ranks that read the same rows
         t = cfg.train
-        self.loader = PackedRowLoader(
-            self.dataset_path,
-            split="train",
-            batch_size=t.micro_batch,
-            seed=t.seed,
-            rank=parts.data_rank,
-            world_size=parts.data_ranks,
-        )
+        self.loader = recipe.batches(parts.data_rank, parts.data_ranks, self.bare)
         # Where the next step's batches start: what a checkpoint records. A preemption noticed
         # after this step's batches were read saves the position before them.
         self.loader_position = self.loader.state_dict()
@@ -111,15 +95,19 @@ class Trainer(LoopCheckpoints):
             f"{self.flops_per_token / 1e6:.1f} MFLOP/token, "
             f"peak {self.metrics.peak / 1e12:.3g} TFLOP/s ({self.metrics.basis})"
         )
+        if recipe.describe(self.bare):
+            log(recipe.describe(self.bare))
 
     # ------------------------------------------------------------------ one step
 
     def _micro_batches(self) -> list[dict]:
         return [next(self.loader) for _ in range(self.cfg.train.grad_accum)]
 
-    def train_step(self, batches: list[dict], n_tokens: float) -> tuple[float, float]:
+    def train_step(
+        self, batches: list[dict], counts: list[BatchCounts], n_tokens: float
+    ) -> tuple[float, float]:
         """Forward/backward every micro-batch, then clip; returns (mean loss, grad norm).
-        `n_tokens`: labelled tokens in the global batch (all micro-batches, all ranks)."""
+        `n_tokens`: the loss's units in the global batch (all micro-batches, all ranks)."""
         clip = self.cfg.optim.grad_clip
         if self.engine is not None:
             return engine_step(self.engine, batches, n_tokens, clip)
@@ -127,6 +115,8 @@ class Trainer(LoopCheckpoints):
             self.model,
             batches,
             n_tokens,
+            loss_fn=self.recipe.loss,
+            units=[c.units for c in counts],
             optimizer=self.optimizer,
             scaler=self.scaler,
             noise=self.noise,
@@ -164,7 +154,8 @@ class Trainer(LoopCheckpoints):
         start = time.perf_counter()
         batches = self._micro_batches()
         data_s = time.perf_counter() - start
-        agreed = agree_counts(batches, self.stop_requested(), self.copies, self.device)
+        counts = [self.recipe.counts(b) for b in batches]
+        agreed = agree_counts(counts, self.stop_requested(), self.copies, self.device)
         if agreed.stop:
             path = self.save()
             self.log(f"stop requested: saved {path} at step {self.step}; exiting")
@@ -177,7 +168,7 @@ class Trainer(LoopCheckpoints):
         # A replay check (trainer/health/replay.py) runs the update twice from one snapshot.
         loss, grad_norm, verdict, lr = self.health.run_step(
             self.step + 1,
-            lambda: self._update(batches, max(agreed.labelled, 1.0), timed),
+            lambda: self._update(batches, counts, max(agreed.labelled, 1.0), timed),
             self.model,
             self.optimizer,
             (self.scheduler, self.scaler, self.guard, self.noise),
@@ -198,7 +189,7 @@ class Trainer(LoopCheckpoints):
         if verdict is Verdict.OK and mismatch is not None:
             self._sdc_rollback(mismatch)
             return None
-        positions = batch_positions(batches, self.env.world_size, self.copies)
+        positions = batch_positions(counts, self.env.world_size, self.copies)
         tokens = positions - int(agreed.padding)
         self.tokens_total += tokens
         self.metrics.step(
@@ -226,6 +217,7 @@ class Trainer(LoopCheckpoints):
     def _update(
         self,
         batches: list[dict],
+        counts: list[BatchCounts],
         n_tokens: float,
         timed: contextlib.AbstractContextManager | None,
     ) -> tuple[float, float, Verdict, float]:
@@ -234,7 +226,8 @@ class Trainer(LoopCheckpoints):
         HealthMonitor.run_step snapshots for a replay), and MoE routing statistics (a metric;
         a replayed step counts them twice)."""
         with timed or contextlib.nullcontext():
-            loss, grad_norm = self.train_step(batches, n_tokens)
+            loss, grad_norm = self.train_step(batches, counts, n_tokens)
+        loss = self.health.faults.loss(self.step + 1, loss)  # fault injection (tests)
         verdict = self.guard.check(loss)
         if verdict is Verdict.OK:
             self.scaler.step(self.optimizer)  # skipped if fp16 gradients overflowed
@@ -293,6 +286,7 @@ class Trainer(LoopCheckpoints):
         }
 
     def _log_step(self, grad_norm: float, lr: float, comm_fraction: float = 0.0) -> None:
+        own = self.recipe.step_fields()  # the kind's own metrics (reward, KL, image share, ...)
         p = self.metrics.emit(
             step=self.step,
             comm_fraction=comm_fraction,
@@ -303,37 +297,29 @@ class Trainer(LoopCheckpoints):
             ranks=self.health.rank_report(),
             **self._counters(),
             **moe.progress_fields(self.model),
+            **own,
         )
-        self.log(self.metrics.human_line(p))
+        shown = ", ".join(f"{name.replace('_', ' ')} {value:.4g}" for name, value in own.items())
+        self.log(self.metrics.human_line(p) + (f" | {shown}" if shown else ""))
 
     def evaluate(self) -> float:
+        """The recipe's held-out evaluation: logged, and a progress record."""
         if self.layout.pp > 1 or self.layout.cp > 1:
             self.log(f"eval: not run under {self.layout.describe()} (pipeline/context parallel)")
             return math.nan
         start = time.perf_counter()
-        result = evaluate.heldout_loss(
-            self.model, self.dataset_path, self.cfg, self.env, self.dtype
-        )
+        result = self.recipe.evaluate(self.model, self.step)
         self.goodput.add("eval", time.perf_counter() - start)
         if result is None:
-            self.log("eval: the held-out split is empty; no eval loss")
             return math.nan
-        message = (
-            f"eval at step {self.step}: loss {result.loss:.4f}, perplexity "
-            f"{result.perplexity:,.2f} over {result.tokens:,} held-out tokens"
-        )
-        self.log(message)
-        score = {"task": "heldout", "metric": "loss", "value": result.loss}  # kitchen_eval_score
-        self.metrics.write(
-            self._progress(
-                phase="eval", eval_loss=result.loss, message=message, eval_scores=[score]
+        self.log(result.message)
+        if not math.isnan(result.loss) or result.fields:
+            self.metrics.write(
+                self._progress(
+                    phase="eval",
+                    message=result.message,
+                    eval_scores=result.scores,
+                    **result.fields,
+                )
             )
-        )
         return result.loss
-
-
-def install_sigterm_handler() -> Callable[[], bool]:
-    """SIGTERM (a preemption) sets a flag the loop checks between steps; returns the check."""
-    received: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-    return lambda: bool(received)

@@ -16,8 +16,8 @@ from trainer.loss_guard import LossGuard
 from trainer.metrics import Goodput
 
 if TYPE_CHECKING:
-    from trainer.data.loader import PackedRowLoader
     from trainer.parallel.engine import Engine
+    from trainer.recipe import Batches, Recipe
 
 
 class TrainingError(RuntimeError):
@@ -40,7 +40,9 @@ class LoopCheckpoints:
     optimizer: torch.optim.AdamW
     scheduler: torch.optim.lr_scheduler.LambdaLR
     scaler: torch.amp.GradScaler
-    loader: "PackedRowLoader"
+    loader: "Batches"
+    recipe: "Recipe"
+    started: str
     loader_position: dict
     checkpointer: checkpoint.Checkpointer
     guard: LossGuard
@@ -59,6 +61,7 @@ class LoopCheckpoints:
             "goodput": self.goodput.state_dict(),
             "tokens_total": self.tokens_total,
             "grad_scaler": self.scaler.state_dict(),  # {} unless fp16
+            "recipe": self.recipe.state_dict(),
         }
 
     def save(self) -> Path:
@@ -66,7 +69,7 @@ class LoopCheckpoints:
         start = time.perf_counter()
         run = checkpoint.TrainingRun(
             kind=job_pb2.JobKind.Name(self.kind),
-            model=self.cfg.model,
+            model=self.recipe.model_config,
             vocab_size=self.vocab_size,
             dataset=self.dataset_path,
             world_size=self.env.world_size,
@@ -95,13 +98,11 @@ class LoopCheckpoints:
         """Load checkpoint `path`. A resume also restores the data position and RNG; a
         rollback keeps the loader where it is, so the batches that caused it are skipped.
         `badput`: the goodput bucket the rolled-back progress goes to."""
-        from trainer.data.loader import resharded
-
         start = time.perf_counter()
         # The same checkpoint resumes under another layout (trainer/parallel/dcp.py): the
         # loader's position is re-expressed for this run's data-parallel ranks.
         try:
-            position = resharded(meta.loader[0], self.loader.world_size, self.loader.rank)
+            position = self.loader.resume_state(meta.loader)
             state = checkpoint.load(
                 path, self.model, self.optimizer, self.env.rank, sharded=self.engine is not None
             )
@@ -128,22 +129,20 @@ class LoopCheckpoints:
             self.tokens_total = state["tokens_total"]
             if state.get("grad_scaler"):
                 self.scaler.load_state_dict(state["grad_scaler"])
+            self.recipe.load_state_dict(state.get("recipe", {}))
         self.loader_position = self.loader.state_dict()
         self.restore_s += time.perf_counter() - start
         self.goodput.add("checkpoint_restore", time.perf_counter() - start)
 
     def resume_or_init(self) -> None:
-        """Continue from the newest valid checkpoint of this run, else (SFT) start from
-        `checkpoint.path`, else from the seeded initialization."""
+        """Continue from the newest valid checkpoint of this run, else from what the recipe
+        loaded (an SFT, RL or distill run's `checkpoint.path`), else from the seeded
+        initialization."""
         if self.cfg.checkpoint.resume:
             found = self.checkpointer.find(warn=self.log)
             if found:
                 self.restore(*found)
                 self.log(f"resumed from {found[0]} (step {self.step})")
                 return
-        if self.kind == job_pb2.SFT and self.cfg.checkpoint.path:
-            path = Path(self.cfg.checkpoint.path)
-            meta = checkpoint.pretrained(path, self.cfg.model, self.vocab_size)
-            state = torch.load(path / "model.pt", map_location="cpu", mmap=True)
-            checkpoint.load_model_state(self.model, state)
-            self.log(f"fine-tuning from {path} (step {meta.step})")
+        if self.started:
+            self.log(self.started)

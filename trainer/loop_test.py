@@ -6,13 +6,13 @@ import math
 import pytest
 import torch
 
-from protos import job_pb2
 from protos.config_yaml import job_spec_from_dict
 from protos.progress_log import is_training_step, read_progress_log
 from protos.validation import resolve_trainer
 from trainer import loop
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
+from trainer.recipes.lm import lm_trainer
 from trainer.testing import tiny_job
 
 torch.set_num_threads(1)
@@ -30,13 +30,11 @@ def make_trainer(cache, run_dir, bad_calls, **sections):
     cfg = resolve_trainer(spec.trainer)
     ds = precook_dataset(cfg.data, str(cache), show_progress=False)
     messages: list[str] = []
-    trainer = loop.Trainer(
-        cfg, job_pb2.PRETRAIN, run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=messages.append
-    )
+    trainer = lm_trainer(cfg, run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=messages.append)
     real_step, calls, updates = trainer.train_step, [], []
 
-    def train_step(batches, n_tokens):
-        loss, grad_norm = real_step(batches, n_tokens)
+    def train_step(batches, counts, n_tokens):
+        loss, grad_norm = real_step(batches, counts, n_tokens)
         calls.append(trainer.step + 1)
         return (math.nan if len(calls) in bad_calls else loss), grad_norm
 

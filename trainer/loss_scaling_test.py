@@ -5,13 +5,13 @@ overflow changes no weight while the scale halves."""
 import pytest
 import torch
 
-from protos import job_pb2
 from protos.config_yaml import ConfigError, job_spec_from_dict
 from protos.progress_log import read_progress_log
 from protos.validation import resolve_trainer
 from trainer import checkpoint, loop
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
+from trainer.recipes.lm import lm_trainer
 from trainer.testing import tiny_job
 
 torch.set_num_threads(1)
@@ -27,9 +27,7 @@ def fp16_trainer(cache, run_dir, steps: int, **train) -> loop.Trainer:
     spec = job_spec_from_dict(tiny_job(cache, steps=steps, train={"dtype": "fp16", **train}))
     cfg = resolve_trainer(spec.trainer)
     ds = precook_dataset(cfg.data, str(cache), show_progress=False)
-    return loop.Trainer(
-        cfg, job_pb2.PRETRAIN, run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=lambda _: None
-    )
+    return lm_trainer(cfg, run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=lambda _: None)
 
 
 def test_fp16_trains_and_checkpoints_its_loss_scale(cache, tmp_path):

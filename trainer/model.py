@@ -5,14 +5,16 @@ document. Attention never crosses a document boundary: a block-diagonal causal m
 `document_ids`, or on CUDA in bf16 the variable-length flash path, which skips the masked
 blocks instead of computing and discarding them.
 
-The norms, the MLP and the rotary tables are `kernels.modules`' layers; they and the loss go
-through `ops`: the `kernels` package (fused Triton) where it runs, else `kernels.reference`
-(plain PyTorch, same signatures).
+The norms, the MLP and the rotary tables are `kernels.modules`' layers; they go through `ops`:
+the `kernels` package (fused Triton) where it runs, else `kernels.reference` (plain PyTorch,
+same signatures). The model knows no loss: `forward` hands its final hidden states to the
+caller's `head` (a recipe's loss, trainer/lm_loss.py for language modelling).
 """
 
 import functools
 import inspect
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -71,6 +73,10 @@ def attention_layout(document_ids: torch.Tensor, device, dtype) -> Layout:
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     mask = (doc[:, :, None] == doc[:, None, :]) & causal
     return Layout(mask=mask[:, None].to(device))
+
+
+Head = Callable[["Transformer", torch.Tensor], torch.Tensor]
+"""What a forward returns from the final hidden states (B, T, dim), given the model."""
 
 
 class KVCache:
@@ -226,22 +232,20 @@ class Transformer(nn.Module):
         return self.norm(x)
 
     def forward(
-        self, input_ids, position_ids, layout: Layout | None = None, labels=None, cache=None
+        self,
+        input_ids,
+        position_ids,
+        layout: Layout | None = None,
+        head: "Head | None" = None,
+        cache=None,
     ):
-        """Logits (B, T, vocab) in fp32, or with `labels` the summed cross entropy over the
-        tokens that have a label (not -100): the caller divides by the global token count."""
+        """Logits (B, T, vocab) in fp32, or `head(self, hidden)` of the final hidden states:
+        what a recipe computes from them (trainer/lm_loss.py's summed cross entropy, a scalar
+        head's scores, ...). Through `forward`, so a DDP or FSDP wrapper sees the whole pass."""
         h = self.hidden(input_ids, position_ids, layout, cache)
-        penalty = moe.collect(self)  # MoE balancing terms of this forward (None when dense)
-        weight = self.output.weight
-        if labels is None:
-            return F.linear(h, weight).float()
-        if torch.is_autocast_enabled(h.device.type):
-            dtype = torch.get_autocast_dtype(h.device.type)
-            h, weight = h.to(dtype), weight.to(dtype)
-        loss = self.ops.fused_linear_cross_entropy(
-            h.reshape(-1, h.shape[-1]), weight, labels.reshape(-1), reduction="sum"
-        )
-        return moe.with_penalty(loss, penalty)
+        if head is not None:
+            return head(self, h)
+        return F.linear(h, self.output.weight).float()
 
     def matmul_params(self) -> int:
         """Weights used in a matmul per token: the blocks and the output head (the input

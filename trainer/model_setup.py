@@ -1,21 +1,23 @@
-"""The model a run trains, wrapped for its parallel layout, with its optimizer, schedule and
-loss scaler: what `Trainer` (loop.py) is built on, made in the order the seeded RNG expects."""
+"""The model a run trains (its recipe's, trainer/recipe.py), wrapped for its parallel layout,
+with its optimizer, schedule and loss scaler: what `Trainer` (loop.py) is built on, made in the
+order the seeded RNG expects."""
 
 import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
 
-from protos import layout, trainer_config_pb2
+from protos import job_pb2, layout, trainer_config_pb2
+from protos.config_yaml import ConfigError
 from protos.enums import enum_name
 from trainer import distributed, expert_parallel, fp8
 from trainer.distributed import DistEnv
 from trainer.model import Transformer, select_ops
 from trainer.optim import build_optimizer, build_scheduler
-from trainer.sizing import flops
 
 if TYPE_CHECKING:
     from trainer.parallel.engine import Engine
+    from trainer.recipe import Recipe
 
 
 def seed_everything(seed: int) -> None:
@@ -39,6 +41,8 @@ class ModelSetup:
     """The parts of a training run that hold parameters, and how they are laid out."""
 
     model: torch.nn.Module  # wrapped for the layout; the bare model under an engine
+    bare: torch.nn.Module  # the recipe's module itself (what `model` wraps)
+    started: str  # the starting weights the recipe loaded ("" for the seeded initialization)
     engine: "Engine | None"  # runs the step under a model-parallel layout (trainer/parallel)
     layout: layout.ParallelLayout
     parallelism: str  # SINGLE, DDP, FSDP, EXPERT, or the layout's description
@@ -56,31 +60,28 @@ class ModelSetup:
 def set_up(
     cfg: trainer_config_pb2.TrainerConfig,
     env: DistEnv,
-    vocab_size: int,
+    recipe: "Recipe",
     dtype: torch.dtype,
     log,
 ) -> ModelSetup:
-    """Build, convert (fp8), compile and wrap the model of a resolved config; its optimizer,
-    schedule and loss scaler."""
+    """Build the recipe's model from the seed, load its starting weights, convert (fp8),
+    compile and wrap it for the layout; its optimizer, schedule and loss scaler."""
     t, device = cfg.train, env.device
     parallelism = enum_name(t, "parallelism")
     if env.world_size == 1:
         parallelism = "SINGLE"
-    model = build_model(cfg, vocab_size, device, enum_name(t, "recompute"))
+    seed_everything(t.seed)
+    model = recipe.build()
+    started = recipe.start(model)
     if fp8.enabled(cfg):  # #20: the blocks' Linear layers in float8 (CUDA 8.9+ only)
         swapped = fp8.convert(model, fp8.backend_for(device))
         log(f"fp8: {len(swapped)} Linear layers compute in float8 (tensorwise scaling)")
-    flops_per_token = flops.flops_per_token(
-        model.matmul_params(),
-        cfg.model.n_layers,
-        cfg.model.n_heads,
-        cfg.model.dim // cfg.model.n_heads,
-        cfg.data.seq_len,
-    )
+    flops_per_token = recipe.flops_per_token(model)
+    lm = recipe.language_model(model)
     # Counted whole, before a pipeline layout keeps only this rank's stages.
-    n_params, n_matmul = sum(p.numel() for p in model.parameters()), model.matmul_params()
+    n_params, n_matmul = sum(p.numel() for p in model.parameters()), lm.matmul_params()
     if t.compile:
-        for block in model.layers:
+        for block in recipe.shard_units(model):
             block.compile()
     # Tensor/pipeline/context parallel (trainer/parallel): the engine runs the step; ranks
     # of one data-parallel group read the same rows.
@@ -88,7 +89,12 @@ def set_up(
     engine = None
     data_rank, data_ranks = env.rank, env.world_size
     wrapped: torch.nn.Module
+    kind = job_pb2.JobKind.Name(recipe.kind)
     if lay.model_parallel:
+        if not recipe.model_parallel:
+            raise ConfigError(
+                "trainer.train", f"{kind} trains under DDP or FSDP, not {lay.describe()}"
+            )
         from trainer.parallel import mesh
         from trainer.parallel.engine import Engine
 
@@ -98,13 +104,17 @@ def set_up(
         parallelism = lay.describe()
         wrapped = model
     elif parallelism == "EXPERT":
+        if not recipe.expert_parallel:
+            raise ConfigError("trainer.train.parallelism", f"{kind} does not train under EXPERT")
         ep = t.expert_parallel or env.world_size
         wrapped = expert_parallel.wrap(model, env, ep)
     else:
-        wrapped = distributed.wrap(model, parallelism, env, dtype)
+        wrapped = distributed.wrap(model, parallelism, env, dtype, recipe.shard_units(model))
     optimizer = build_optimizer(wrapped, cfg.optim, device)
     return ModelSetup(
         model=wrapped,
+        bare=model,
+        started=started,
         engine=engine,
         layout=lay,
         parallelism=parallelism,
@@ -119,5 +129,5 @@ def set_up(
         flops_per_token=flops_per_token,
         n_params=n_params,
         n_matmul=n_matmul,
-        ops="Triton kernels" if model.ops.__name__ == "kernels" else "PyTorch reference ops",
+        ops="Triton kernels" if lm.ops.__name__ == "kernels" else "PyTorch reference ops",
     )

@@ -12,6 +12,7 @@ from kernels import reference
 from protos import trainer_config_pb2
 from protos.validation import resolve_trainer
 from trainer import moe
+from trainer.lm_loss import summed_loss
 from trainer.model import Transformer
 
 DIM, EXPERTS = 16, 4
@@ -131,7 +132,7 @@ def test_balancing_terms_train_the_router_without_changing_the_loss():
     losses, grads = [], []
     for coef in (0.0, 1.0):
         model = _model(moe_aux_loss_coef=coef, moe_z_loss_coef=coef)
-        loss = model(ids, pos, labels=ids)
+        loss = summed_loss(model, ids, pos, None, ids)
         loss.backward()
         losses.append(loss.item())
         grads.append(model.layers[0].feed_forward.router.weight.grad.clone())

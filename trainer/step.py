@@ -1,13 +1,15 @@
 """One training step's compute and its accounting: the micro-batches' token counts agreed
 across ranks, forward and backward of every micro-batch, clipping, and which steps are reported.
 
-The loss is the mean over every labelled token of the global batch, however they are split into
-micro-batches and ranks: each micro-batch's summed loss is scaled by world / n_tokens before
-backward, so the gradients data parallelism averages over ranks are that mean's.
+The loss is the mean over every unit (labelled token, pair, ...) of the global batch, however
+they are split into micro-batches and ranks: each micro-batch's summed loss is scaled by
+world / n_tokens before backward, so the gradients data parallelism averages over ranks are
+that mean's.
 """
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -15,7 +17,7 @@ import torch
 from protos import trainer_config_pb2
 from trainer import distributed, expert_parallel
 from trainer.grad_noise import GradientNoiseScale, MicroBatchGradNorm
-from trainer.model import attention_layout
+from trainer.recipe import BatchCounts
 
 if TYPE_CHECKING:
     from trainer.parallel.engine import Engine
@@ -30,11 +32,13 @@ class StepCounts:
     stop: bool  # some rank was asked to stop: the step is not taken
 
 
-def agree_counts(batches: list[dict], stop: bool, copies: int, device: torch.device) -> StepCounts:
+def agree_counts(
+    counts: list[BatchCounts], stop: bool, copies: int, device: torch.device
+) -> StepCounts:
     """Sum this rank's counts over every rank. `copies`: ranks that read the same rows (a
     model-parallel layout), whose rows are counted once."""
-    labelled = sum(int((b["labels"] != -100).sum()) for b in batches)
-    padding = sum(int((b["document_ids"] < 0).sum()) for b in batches)
+    labelled = sum(c.units for c in counts)
+    padding = sum(c.positions - c.tokens for c in counts)
     local = [labelled, padding, int(stop)]
     agreed = distributed.all_reduce_sum(
         torch.tensor(local, dtype=torch.float64, device=device)
@@ -42,9 +46,9 @@ def agree_counts(batches: list[dict], stop: bool, copies: int, device: torch.dev
     return StepCounts(agreed[0] / copies, agreed[1] / copies, agreed[2] > 0)
 
 
-def batch_positions(batches: list[dict], world_size: int, copies: int) -> int:
+def batch_positions(counts: list[BatchCounts], world_size: int, copies: int) -> int:
     """Token positions the global batch holds (padding included)."""
-    return sum(b["document_ids"].numel() for b in batches) * (world_size // copies)
+    return sum(c.positions for c in counts) * (world_size // copies)
 
 
 def is_logged(step: int, first_step: int, train: trainer_config_pb2.TrainConfig) -> bool:
@@ -67,6 +71,8 @@ def train_step(
     batches: list[dict],
     n_tokens: float,
     *,
+    loss_fn: Callable[[torch.nn.Module, dict], torch.Tensor],
+    units: list[float],
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     noise: GradientNoiseScale,
@@ -77,7 +83,8 @@ def train_step(
     world_size: int,
 ) -> tuple[float, float]:
     """Forward/backward every micro-batch, then clip; returns (mean loss, grad norm).
-    `n_tokens`: labelled tokens in the global batch (all micro-batches, all ranks);
+    `n_tokens`: the loss's units in the global batch (all micro-batches, all ranks);
+    `loss_fn(model, batch)`: the recipe's summed loss; `units`: each micro-batch's units;
     `autocast`: whether the forward runs under autocast to `dtype` (not under FSDP, whose
     parameters are already in it)."""
     accum, world = len(batches), world_size
@@ -90,15 +97,13 @@ def train_step(
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
     small = torch.zeros(2, device=device, dtype=torch.float64)
     for k, b in enumerate(batches):
-        layout = attention_layout(b["document_ids"], device, dtype)
-        b = {key: v.to(device, non_blocking=True) for key, v in b.items()}
         with distributed.gradient_sync(model, k == accum - 1), autocast_ctx:
-            loss = model(b["input_ids"], b["position_ids"], layout, b["labels"])
+            loss = loss_fn(model, b)
         probe = MicroBatchGradNorm(loss) if k == 0 and measure_noise else None
         scaler.scale(loss * (world / n_tokens)).backward()
         loss_sum += loss.detach()
         if probe is not None:
-            n_small = float((b["labels"] != -100).sum())
+            n_small = float(units[k])
             # The accumulated gradient is sum-loss * world / n_tokens: rescale to a mean.
             scale = n_tokens / (world * max(n_small, 1.0))
             # Under fp16 the gradients are still multiplied by the loss scale here.

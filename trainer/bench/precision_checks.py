@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 
-from protos import files, job_pb2, trainer_config_pb2
+from protos import files, trainer_config_pb2
 from protos.validation import resolve_trainer
-from trainer import loop
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
 from trainer.model import Layout, Transformer, attention_layout, varlen_attn
+from trainer.recipes.lm import lm_trainer
 
 LOSS_TOLERANCE = 0.05  # nats, mean |bf16 - fp32| over the last quarter of the steps
 VARLEN_TOLERANCE = 2e-2  # relative L2 error, a few bf16 ulps (2^-8 = 3.9e-3 per rounding)
@@ -77,14 +77,8 @@ def train_records(cfg, ds, env, dtype: str) -> list:
     run.CopyFrom(cfg)
     run.train.dtype = dtype
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = loop.Trainer(
-            run,
-            job_pb2.PRETRAIN,
-            run_dir,
-            env,
-            ds.path,
-            ds.tokenizer.vocab_size,
-            log=lambda _: None,
+        trainer = lm_trainer(
+            run, run_dir, env, ds.path, ds.tokenizer.vocab_size, log=lambda _: None
         )
         records: list = []
         trainer.metrics.sinks.append(records.append)

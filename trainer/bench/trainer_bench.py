@@ -23,13 +23,15 @@ from pathlib import Path
 
 import torch
 
-from protos import job_pb2, trainer_config_pb2
+from protos import trainer_config_pb2
 from protos.validation import resolve_trainer
-from trainer import loop, model_setup
+from trainer import model_setup
 from trainer.data.loader import PackedRowLoader
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
+from trainer.lm_loss import summed_loss
 from trainer.model import attention_layout
+from trainer.recipes.lm import lm_trainer
 
 
 def quiet(_message: str) -> None:
@@ -61,7 +63,7 @@ def copy(cfg):
 
 def new_trainer(cfg, ds, env, run_dir):
     vocab = ds.tokenizer.vocab_size
-    return loop.Trainer(cfg, job_pb2.PRETRAIN, run_dir, env, ds.path, vocab, log=quiet)
+    return lm_trainer(cfg, run_dir, env, ds.path, vocab, log=quiet)
 
 
 class HandLoop:
@@ -82,7 +84,7 @@ class HandLoop:
     def advance(self) -> None:
         b = next(self.loader)
         layout = attention_layout(b["document_ids"], self.device, torch.float32)
-        loss = self.model(b["input_ids"], b["position_ids"], layout, b["labels"])
+        loss = summed_loss(self.model, b["input_ids"], b["position_ids"], layout, b["labels"])
         (loss / (b["labels"] != -100).sum()).backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.clip)
         self.optimizer.step()

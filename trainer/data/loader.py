@@ -133,6 +133,11 @@ class PackedRowLoader:
         self.epoch, self._batch = int(state["epoch"]), int(state["batch"])
         self._order = self._epoch_order(self.epoch)
 
+    def resume_state(self, saved: list[dict]) -> dict:
+        """This rank's position from the positions a checkpoint saved (any writer rank's
+        serves: `resharded`)."""
+        return resharded(saved[0], self.world_size, self.rank)
+
 
 def resharded(state: dict, world_size: int, rank: int) -> dict:
     """A saved position (any rank's `state_dict()`) for rank `rank` of `world_size` ranks: a

@@ -5,6 +5,8 @@
     KITCHEN_FAULTS="block:3:4"        rank 3 stops for good at the start of step 4
     KITCHEN_FAULTS="replayflip:0:6"   rank 0 flips one weight bit in the first of the two
                                       runs of replay-checked step 6 (the replay is clean)
+    KITCHEN_FAULTS="nanloss:0:5"      step 5's loss is non-finite on every rank (once: a step
+                                      replayed after a rollback is clean); repeatable
 
 Several faults are separated by commas. Read from the environment (not the job config) so no
 job spec can carry one; the trainer logs every fault it was given.
@@ -25,6 +27,7 @@ class FaultKind(enum.Enum):
     BITFLIP = "bitflip"  # value: the step after which one weight bit flips
     BLOCK = "block"  # value: the step at whose start the rank stops
     REPLAY_BITFLIP = "replayflip"  # value: the replay-checked step whose first run is corrupted
+    NAN_LOSS = "nanloss"  # value: a step whose loss the loss guard sees as NaN (any rank's fault)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,7 @@ class Fault:
             FaultKind.REPLAY_BITFLIP: (
                 f"one weight bit flipped in the first run of replay-checked step {self.value:g}"
             ),
+            FaultKind.NAN_LOSS: f"a non-finite loss at step {self.value:g}",
         }[self.kind]
         return f"rank {self.rank}: {what}"
 
@@ -72,6 +76,8 @@ class Injector:
 
     def __init__(self, faults: list[Fault], rank: int):
         self.mine = [f for f in faults if f.rank == rank]
+        # A loss is every rank's (an all-reduced mean): a NAN_LOSS fault of any rank applies.
+        self.nan_steps = {int(f.value) for f in faults if f.kind is FaultKind.NAN_LOSS}
         self.flipped = False  # a bit flips once, not again when a rollback replays the step
         self.replay_flipped = False
 
@@ -105,3 +111,10 @@ class Injector:
             return False
         self.replay_flipped = True
         return True
+
+    def loss(self, step: int, loss: float) -> float:
+        """`loss`, or NaN once for a step a NAN_LOSS fault names."""
+        if step in self.nan_steps:
+            self.nan_steps.discard(step)
+            return float("nan")
+        return loss

@@ -11,7 +11,6 @@ import socket
 import pytest
 import torch
 
-from protos import job_pb2
 from protos.config_yaml import ConfigError, job_spec_from_dict
 from protos.progress_log import is_training_step, read_progress_log
 from protos.validation import resolve_trainer
@@ -19,6 +18,7 @@ from trainer import loop
 from trainer.data.precook import precook_dataset
 from trainer.distributed import DistEnv
 from trainer.health import faults, replay
+from trainer.recipes.lm import lm_trainer
 from trainer.testing import tiny_job, train_losses
 
 torch.set_num_threads(1)
@@ -36,9 +36,7 @@ def train(cache, run_dir, every: int) -> tuple[loop.Trainer, list[str]]:
     cfg = resolve_trainer(job_spec_from_dict(job).trainer)
     ds = precook_dataset(cfg.data, str(cache), show_progress=False)
     messages: list[str] = []
-    trainer = loop.Trainer(
-        cfg, job_pb2.PRETRAIN, run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=messages.append
-    )
+    trainer = lm_trainer(cfg, run_dir, CPU, ds.path, ds.tokenizer.vocab_size, log=messages.append)
     assert trainer.run() == loop.Outcome.DONE
     return trainer, messages
 

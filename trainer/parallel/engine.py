@@ -5,7 +5,9 @@ applies, in place: pipeline (keep this rank's stages), tensor (+ sequence) paral
 parallel, FSDP over the data-parallel dimension (shard.py). `forward_backward` runs the
 micro-batches of one step and leaves each weight's gradient of (summed loss / global token
 count) on the rank that owns it; `clip` then measures and clips the global norm. The
-optimizer steps `engine.part`'s parameters as usual.
+optimizer steps `engine.part`'s parameters as usual. The loss is the language model's
+(trainer/lm_loss.py; a pipeline's last stage applies it to its logits): the recipes that allow
+a model-parallel layout are the language-model ones (trainer/recipes/).
 """
 
 from typing import Any
@@ -15,6 +17,7 @@ from torch import nn
 
 from protos.layout import ParallelLayout
 from trainer.distributed import gradient_sync
+from trainer.lm_loss import summed_loss
 from trainer.model import Layout, Transformer, attention_layout
 from trainer.parallel import context, grads, pipeline, shard, tensor
 from trainer.parallel.mesh import Mesh
@@ -75,7 +78,9 @@ class Engine:
             for k, b in enumerate(batches):
                 mask = self.attention_layout(b["document_ids"])
                 with gradient_sync(self.part, k == len(batches) - 1):  # FSDP: the last only
-                    loss = self.part(b["input_ids"], b["position_ids"], mask, b["labels"])
+                    loss = summed_loss(
+                        self.part, b["input_ids"], b["position_ids"], mask, b["labels"]
+                    )
                     (loss / n_tokens).backward()
                 loss_sum += loss.detach()
         else:

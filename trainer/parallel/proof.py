@@ -21,6 +21,7 @@ from protos import trainer_config_pb2
 from protos.layout import ParallelLayout, Schedule
 from trainer import distributed
 from trainer.grad_noise import GradientNoiseScale
+from trainer.lm_loss import packed_rows_loss, summed_loss
 from trainer.model import Transformer, attention_layout, select_ops
 from trainer.optim import build_optimizer
 from trainer.parallel import dcp, mesh
@@ -127,7 +128,7 @@ def reference(steps: int = STEPS) -> dict:
         total, loss_sum = n_tokens(batches), 0.0
         for b in batches:
             mask = attention_layout(b["document_ids"], "cpu", torch.float32)
-            loss = model(b["input_ids"], b["position_ids"], mask, b["labels"])
+            loss = summed_loss(model, b["input_ids"], b["position_ids"], mask, b["labels"])
             (loss / total).backward()
             loss_sum += float(loss.detach())
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)))
@@ -193,6 +194,8 @@ def train_plain(lay: ParallelLayout, steps: range):
                 model,
                 batches,
                 n_tokens(global_batches(step)),
+                loss_fn=lambda m, b: packed_rows_loss(m, b, "cpu", torch.float32),
+                units=[float((b["labels"] != -100).sum()) for b in batches],
                 optimizer=optimizer,
                 scaler=torch.amp.GradScaler("cpu", enabled=False),
                 noise=GradientNoiseScale(),

@@ -80,11 +80,23 @@ class ScalarHead(nn.Module):
 
 
 class WithHead(nn.Module):
-    """A Transformer and a ScalarHead trained together (one optimizer over both)."""
+    """A Transformer and a ScalarHead trained together (one optimizer over both); its
+    checkpoints hold both (model.pt's lm.* and head.*: trainer/checkpoint.py reads the lm.*)."""
 
     def __init__(self, lm: Transformer, head: ScalarHead):
         super().__init__()
         self.lm, self.head = lm, head
+
+    def forward(self, input_ids, position_ids, layout=None, head=None):
+        """The Transformer's forward; `head(self, hidden)` sees the scalar head too."""
+        if head is None:
+            return self.lm(input_ids, position_ids, layout)
+        return self.lm(input_ids, position_ids, layout, head=lambda lm, h: head(self, h))
+
+
+def language_model(model: nn.Module) -> Transformer:
+    """The Transformer of a policy, with or without a scalar head."""
+    return getattr(model, "lm", model)
 
 
 @dataclasses.dataclass
@@ -124,24 +136,28 @@ def _positions(ids: torch.Tensor, start: int = 0) -> torch.Tensor:
     return pos[None].expand(ids.shape[0], -1)
 
 
-def hidden_and_logps(model: Transformer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+def hidden_and_logps(model: nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """(final hidden states (B, T, dim), log-probabilities (B, T - 1) of each next token)."""
     hidden, logps, _ = forward(model, batch, with_entropy=False)
     return hidden, logps
 
 
-def forward(model: Transformer, batch: Batch, with_entropy: bool = True):
+def forward(model: nn.Module, batch: Batch, with_entropy: bool = True):
     """(hidden (B, T, dim), next-token log-probabilities (B, T - 1), the entropy of each
-    next-token distribution (B, T - 1), or None) from one pass."""
-    hidden = model.hidden(batch.ids, _positions(batch.ids))
-    logits = F.linear(hidden[:, :-1], model.output.weight).float()
-    logp_all = logits.log_softmax(-1)
-    logps = torch.gather(logp_all, 2, batch.ids[:, 1:, None]).squeeze(-1)
-    ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
-    return hidden, logps, ent
+    next-token distribution (B, T - 1), or None) from one pass through `model`'s forward (a
+    Transformer or WithHead, wrapped or not)."""
+
+    def head(m, hidden):
+        logits = F.linear(hidden[:, :-1], language_model(m).output.weight).float()
+        logp_all = logits.log_softmax(-1)
+        logps = torch.gather(logp_all, 2, batch.ids[:, 1:, None]).squeeze(-1)
+        ent = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+        return hidden, logps, ent
+
+    return model(batch.ids, _positions(batch.ids), None, head=head)
 
 
-def token_logps(model: Transformer, batch: Batch) -> torch.Tensor:
+def token_logps(model: nn.Module, batch: Batch) -> torch.Tensor:
     return hidden_and_logps(model, batch)[1]
 
 
@@ -156,10 +172,15 @@ def rows(batch: Batch, index: torch.Tensor) -> Batch:
     )
 
 
-def scores(model: Transformer, head: ScalarHead, batch: Batch) -> torch.Tensor:
-    """A reward model's score of each sequence: the head at its last token."""
-    hidden = model.hidden(batch.ids, _positions(batch.ids))
-    return head(hidden[torch.arange(len(batch.last)), batch.last])
+def scores(model: nn.Module, batch: Batch, head: ScalarHead | None = None) -> torch.Tensor:
+    """A reward model's score of each sequence: its head at the sequence's last token.
+    `model`: a WithHead (wrapped or not), or a Transformer with its `head` apart."""
+
+    def at_last(m, hidden):
+        last = hidden[torch.arange(len(batch.last)), batch.last]
+        return (head or m.head)(last)
+
+    return model(batch.ids, _positions(batch.ids), None, head=at_last)
 
 
 @torch.no_grad()

@@ -1,180 +1,283 @@
-"""PPO jobs: on-policy RL from a verifier or a reward model (InstructGPT; TRL's PPOTrainer and
-GRPOTrainer). One step: sample `rl.group_size` responses to each of `rl.rollout_prompts`
-prompts with the KV cache, score them, then `rl.ppo_epochs` passes of clipped updates over
-them in micro-batches of `train.micro_batch` responses.
+"""PPO and GRPO: on-policy RL from a verifier or a reward model (InstructGPT; TRL's PPOTrainer
+and GRPOTrainer), on the one training core.
+
+The rollout phase is the recipe's batches (`Rollouts`): when a step starts and the current
+rollout is used up, the policy samples `rl.group_size` responses to each of `rl.rollout_prompts`
+prompts with its current weights, they are scored, and their old log-probabilities, the
+reference's and the advantages are computed once. The rollout's responses are then dealt out,
+`rl.ppo_epochs` shuffled passes cut into micro-batches of `train.micro_batch` responses, each
+optimizer step taking `train.grad_accum` micro-batches on every data-parallel rank. A step whose
+micro-batches run past the rollout's last takes its first ones again (a partial extra pass), so
+every step of any layout sees the same global batch: one process with 2 accumulation steps and 2
+processes with 1 train alike. The loss is the mean over the global batch's response tokens.
 
 CLIPPED_PPO: per-token reward -kl_coef * (log pi - log pi_ref), plus the score at the last
-token; a value head on the policy's trunk; GAE advantages (whitened); clipped policy and value
-losses. GRPO (Shao et al. 2024): the advantage of a response is its score normalized within
-its prompt's group, no value head; KL to the reference is a loss term (k3), weighted kl_coef.
+token; a value head on the policy's trunk; GAE advantages (whitened over the rollout); clipped
+policy and value losses. GRPO (Shao et al. 2024): the advantage of a response is its score
+normalized within its prompt's group, no value head; KL to the reference is a loss term (k3),
+weighted kl_coef.
 
-Every step reports where its time went (rollout_seconds vs update_seconds): RL is bound by
-generation, and a run that hides that is hard to speed up.
+Every step reports where its time went (rollout_seconds): RL is bound by generation, and a run
+that hides that is hard to speed up. The rollout is part of the checkpoint (every rank's), so a
+resumed run continues mid-rollout exactly.
 """
 
-import dataclasses
+import time
 
 import torch
+import torch.nn.functional as F
 
 from protos import trainer_config_pb2
 from protos.config_yaml import ConfigError
-from protos.exit_codes import ExitCode
+from trainer import distributed
+from trainer.recipe import BatchCounts, Evaluation
 from trainer.rl import data, losses, policy
 from trainer.rl import job as rljob
 
+# What a rollout holds per response, sliced into micro-batches (tensors with a response axis).
+FIELDS = ("ids", "mask", "last", "old_logps", "ref_logps", "advantages", "old_values", "returns")
 
-@dataclasses.dataclass
-class Rollout:
-    batch: policy.Batch
-    scores: torch.Tensor  # (N,) one per response
-    old_logps: torch.Tensor  # (N, T - 1)
-    ref_logps: torch.Tensor
-    old_values: torch.Tensor | None  # CLIPPED_PPO only
-    advantages: torch.Tensor
-    returns: torch.Tensor | None
+
+class Rollouts:
+    """`Batches` of a PPO run: micro-batches of the current rollout, a new one when it is used
+    up at a step's start (see the module docstring)."""
+
+    def __init__(self, recipe: "PpoRecipe", rank: int, ranks: int, model: torch.nn.Module):
+        self.recipe, self.rank, self.ranks, self.model = recipe, rank, ranks, model
+        self.accum = recipe.cfg.train.grad_accum
+        self.rollouts = 0  # rollouts made so far
+        self.cursor = 0  # the global micro-batch the current step started at
+        self.taken = 0  # micro-batches taken in the current step
+        self.data: dict[str, torch.Tensor] = {}
+        self.chunks: list[torch.Tensor] = []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        if self.taken == 0 and self.cursor >= len(self.chunks):
+            seconds = self._rollout()
+            self.recipe.rollout_s += seconds
+            self.recipe.rollout_total += seconds
+            self.cursor = 0
+        g = self.cursor + self.taken * self.ranks + self.rank
+        idx = self.chunks[g % len(self.chunks)]
+        self.taken += 1
+        if self.taken == self.accum:
+            self.taken, self.cursor = 0, self.cursor + self.accum * self.ranks
+        return {k: v[idx] for k, v in self.data.items()}
+
+    def _rollout(self) -> float:
+        start = time.perf_counter()
+        r = self.recipe
+        rl, t = r.cfg.rl, r.cfg.train
+        gen = torch.Generator().manual_seed(t.seed * 1_000_003 + self.rollouts)
+        picks = torch.randint(len(r.train_prompts), (rl.rollout_prompts,), generator=gen)
+        prompts = [r.train_prompts[i] for i in picks.tolist()]
+        was_training = self.model.training
+        self.model.eval()
+        self.data = r.make_rollout(self.model, prompts, gen)
+        self.model.train(was_training)
+        n = len(self.data["ids"])
+        self.chunks = [
+            chunk
+            for _ in range(rl.ppo_epochs)
+            for chunk in torch.randperm(n, generator=gen).split(t.micro_batch)
+        ]
+        self.rollouts += 1
+        return time.perf_counter() - start
+
+    def state_dict(self) -> dict:
+        """The position (meta.json); the rollout itself is the recipe's state (train.pt)."""
+        return {"rollouts": self.rollouts, "cursor": self.cursor, "taken": self.taken}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rollouts, self.cursor, self.taken = state["rollouts"], state["cursor"], state["taken"]
+
+    def rollout_state(self) -> dict:
+        return {"data": {k: v.cpu() for k, v in self.data.items()}, "chunks": self.chunks}
+
+    def load_rollout_state(self, state: dict) -> None:
+        self.data = {k: v.to(self.recipe.device) for k, v in state["data"].items()}
+        self.chunks = state["chunks"]
+
+    def resume_state(self, saved: list[dict]) -> dict:
+        return saved[0]  # every rank holds the same global rollout
+
+
+class PpoRecipe(rljob.RlRecipe):
+    def prepare(self) -> None:
+        rl = self.cfg.rl
+        prompts = data.read_prompts(rl.prompts)
+        self.train_prompts, self.heldout = data.split(prompts, lambda p: p, rl.eval_fraction)
+        self.log(
+            f"{rl.prompts}: {len(prompts)} prompts ({len(self.train_prompts)} to train on, "
+            f"{len(self.heldout)} held out)"
+        )
+        if not self.train_prompts:
+            raise ConfigError(
+                "trainer.rl.eval_fraction", f"{rl.eval_fraction} leaves no prompt to train on"
+            )
+        self.grpo = rl.algorithm == trainer_config_pb2.GRPO
+        self.ref = rljob.reference(self.cfg, self.policy, self.device, self.log)
+        self.score = rljob.scorer(self.cfg, self.policy, self.device, self.log)
+        # Seconds spent in rollouts since the last logged step, and in this process.
+        self.rollout_s, self.rollout_total = 0.0, 0.0
+        self.started = time.perf_counter()
+        self.window: dict[str, list[float]] = {}
+        self.last: dict[str, float] = {}
+
+    def build(self) -> torch.nn.Module:
+        lm = self.build_policy()
+        if self.grpo:
+            return lm
+        return policy.WithHead(lm, policy.ScalarHead(self.model_config)).to(self.device)
+
+    def start(self, model) -> str:
+        started = self.start_policy(policy.language_model(model))
+        self.before = rljob.evaluate_policy(
+            self.cfg, self.policy, policy.language_model(model), self.ref, self.heldout
+        )
+        self.log(rljob.eval_line(f"before {self.name}", self.before))
+        return started
 
     @property
-    def kl(self) -> float:
-        """Mean over responses of sum_t (log pi - log pi_ref)."""
-        return float(((self.old_logps - self.ref_logps) * self.batch.mask).sum(1).mean())
+    def name(self) -> str:
+        return "GRPO" if self.grpo else "PPO"
 
+    def shard_units(self, model) -> list[torch.nn.Module]:
+        return list(policy.language_model(model).layers)
 
-@torch.no_grad()
-def rollout(job, model: policy.WithHead | None, lm, ref, score, prompts, generator) -> Rollout:
-    rl = job.cfg.rl
-    G = rl.group_size
-    out, starts, texts = job.sample(lm, prompts, G, generator)
-    scores = score([prompts[i // G] for i in range(len(out))], texts, out, starts).float()
-    batch = job.batch(list(zip(out, starts, strict=True)))
-    hidden, old_logps = policy.hidden_and_logps(lm, batch)
-    ref_logps = policy.token_logps(ref, batch)
-    mask = batch.mask
-    if model is None:  # GRPO
-        advantages = losses.grpo_advantages(scores, G)[:, None] * mask
-        return Rollout(batch, scores, old_logps, ref_logps, None, advantages, None)
-    values = model.head(hidden[:, :-1]) * mask
-    rewards = -rl.kl_coef * (old_logps - ref_logps) * mask
-    rewards[torch.arange(len(out)), batch.last - 1] += scores
-    advantages, returns = losses.gae(rewards, values, mask, rl.gamma, rl.gae_lambda)
-    advantages = losses.whiten(advantages, mask)
-    return Rollout(batch, scores, old_logps, ref_logps, values, advantages, returns)
+    def language_model(self, model) -> torch.nn.Module:
+        return policy.language_model(model)
 
+    def batches(self, rank: int, ranks: int, model) -> Rollouts:
+        self.rollouts = Rollouts(self, rank, ranks, model)
+        return self.rollouts
 
-def update(job, model: policy.WithHead | None, lm, r: Rollout, optimizer, scheduler, generator):
-    """rl.ppo_epochs passes over the rollout; the mean of each reported quantity."""
-    rl, t = job.cfg.rl, job.cfg.train
-    n = r.batch.ids.shape[0]
-    params = model if model is not None else lm
-    sums = dict.fromkeys(("loss", "clip_fraction", "entropy", "value_loss", "grad_norm"), 0.0)
-    count = 0
-    for _ in range(rl.ppo_epochs):
-        order = torch.randperm(n, generator=generator)
-        for chunk in order.split(t.micro_batch):
-            idx = chunk.to(r.batch.ids.device)
-            sub = policy.rows(r.batch, idx)
-            hidden, logps, entropy = policy.forward(lm, sub)
-            mask = sub.mask
-            pg, clipped = losses.clipped_policy_loss(
-                logps, r.old_logps[idx], r.advantages[idx], mask, rl.clip_range
-            )
-            loss = pg
-            if model is not None and r.old_values is not None and r.returns is not None:
-                values = model.head(hidden[:, :-1])
-                vloss = losses.clipped_value_loss(
-                    values, r.old_values[idx], r.returns[idx], mask, rl.value_clip
-                )
-                loss = loss + rl.value_coef * vloss
-                sums["value_loss"] += float(vloss.detach())
-            else:
-                loss = loss + rl.kl_coef * losses.masked_mean(
-                    losses.k3_kl(logps, r.ref_logps[idx]), mask
-                )
-            loss.backward()
-            sums["grad_norm"] += rljob.clip_and_step(
-                params, optimizer, scheduler, job.cfg.optim.grad_clip
-            )
-            sums["loss"] += float(loss.detach())
-            sums["clip_fraction"] += float(clipped)
-            sums["entropy"] += float(losses.masked_mean(entropy.detach(), mask))
-            count += 1
-    return {k: v / count for k, v in sums.items()}
+    def state_dict(self) -> dict:
+        return self.rollouts.rollout_state()
 
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.rollouts.load_rollout_state(state)
 
-def run(cfg, attempt, env, log, client) -> ExitCode:
-    job = rljob.start(cfg, attempt, env, log, client, rljob.stop_check(client))
-    rl, t = cfg.rl, cfg.train
-    ref = rljob.reference(job)
-    score = rljob.scorer(job)
-    prompts = data.read_prompts(rl.prompts)
-    train, heldout = data.split(prompts, lambda p: p, rl.eval_fraction)
-    log(f"{rl.prompts}: {len(prompts)} prompts ({len(train)} to train on, {len(heldout)} held out)")
-    if not train:
-        raise ConfigError(
-            "trainer.rl.eval_fraction", f"{rl.eval_fraction} leaves no prompt to train on"
+    @torch.no_grad()
+    def make_rollout(self, model, prompts: list[str], gen: torch.Generator) -> dict:
+        """Sample, score and evaluate one rollout with `model`'s current weights."""
+        rl, G = self.cfg.rl, self.cfg.rl.group_size
+        lm = policy.language_model(model)
+        out, starts, texts = self.policy.sample(lm, prompts, G, rl, gen)
+        scores = self.score([prompts[i // G] for i in range(len(out))], texts, out, starts)
+        scores = scores.float()
+        batch = self.policy.batch(list(zip(out, starts, strict=True)))
+        hidden, old_logps = policy.hidden_and_logps(lm, batch)
+        ref_logps = policy.token_logps(self.ref, batch)
+        mask = batch.mask
+        zeros = torch.zeros_like(mask)
+        if self.grpo:
+            advantages = losses.grpo_advantages(scores, G)[:, None] * mask
+            values, returns = zeros, zeros
+        else:
+            values = model.head(hidden[:, :-1]) * mask
+            rewards = -rl.kl_coef * (old_logps - ref_logps) * mask
+            rewards[torch.arange(len(out)), batch.last - 1] += scores
+            advantages, returns = losses.gae(rewards, values, mask, rl.gamma, rl.gae_lambda)
+            advantages = losses.whiten(advantages, mask)
+        self.last = {
+            "reward_mean": float(scores.mean()),
+            "reward_std": float(scores.std()) if len(scores) > 1 else 0.0,
+            "kl": float(((old_logps - ref_logps) * mask).sum(1).mean()),
+            "response_length": sum(batch.response_lengths) / len(batch.response_lengths),
+        }
+        return {
+            "ids": batch.ids,
+            "mask": mask,
+            "last": batch.last,
+            "old_logps": old_logps,
+            "ref_logps": ref_logps,
+            "advantages": advantages,
+            "old_values": values,
+            "returns": returns,
+        }
+
+    def counts(self, batch: dict) -> BatchCounts:
+        ids = batch["ids"]
+        return BatchCounts(
+            float(batch["mask"].sum()),
+            int((ids != self.policy.tokenizer.pad_id).sum()),
+            ids.numel(),
         )
-    lm = job.actor.model
-    grpo = rl.algorithm == trainer_config_pb2.GRPO
-    model = None if grpo else policy.WithHead(lm, policy.ScalarHead(job.actor.meta.model))
-    if model is not None:
-        model.to(env.device)
-    per_step = rl.ppo_epochs * -(-(rl.rollout_prompts * rl.group_size) // t.micro_batch)
-    optimizer, scheduler = job.optimizer(model if model is not None else lm, t.steps * per_step)
-    generator = torch.Generator(device=env.device).manual_seed(t.seed)
-    shuffle = torch.Generator().manual_seed(t.seed)
-    start = rljob.evaluate_policy(job, lm, ref, heldout)
-    log(rljob.eval_line("before RL", start))
-    job.emit(0, "eval", **start.fields())
-    rollout_total = update_total = 0.0
-    step = 0
-    while step < t.steps and not job.stop_requested():
-        picks = torch.randint(len(train), (rl.rollout_prompts,), generator=shuffle).tolist()
-        r, rollout_s = rljob.timed(
-            rollout, job, model, lm, ref, score, [train[i] for i in picks], generator
+
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        rl = self.cfg.rl
+        mask = batch["mask"]
+        ids = batch["ids"]
+        grpo = self.grpo
+
+        def head(m, hidden):
+            lm = policy.language_model(m)
+            logits = F.linear(hidden[:, :-1], lm.output.weight).float()
+            logp_all = logits.log_softmax(-1)
+            logps = torch.gather(logp_all, 2, ids[:, 1:, None]).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            values = None if grpo else m.head(hidden[:, :-1])
+            return logps, entropy, values
+
+        positions = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+        logps, entropy, values = model(ids, positions, None, head=head)
+        n = mask.sum()
+        pg, clipped = losses.clipped_policy_loss(
+            logps, batch["old_logps"], batch["advantages"], mask, rl.clip_range
         )
-        stats, update_s = rljob.timed(update, job, model, lm, r, optimizer, scheduler, shuffle)
-        step += 1
-        rollout_total += rollout_s
-        update_total += update_s
-        if step % t.log_every == 0 or step == t.steps:
-            job.emit(
-                step,
-                loss=stats["loss"],
-                grad_norm=stats["grad_norm"],
-                lr=scheduler.get_last_lr()[0],
-                reward_mean=float(r.scores.mean()),
-                reward_std=float(r.scores.std()) if len(r.scores) > 1 else 0.0,
-                kl=r.kl,
-                entropy=stats["entropy"],
-                clip_fraction=stats["clip_fraction"],
-                **({} if grpo else {"value_loss": stats["value_loss"]}),  # GRPO: no value head
-                response_length=sum(r.batch.response_lengths) / len(r.batch.response_lengths),
-                rollout_seconds=rollout_s,
-                update_seconds=update_s,
-                step_time_seconds=rollout_s + update_s,
+        total = pg * n  # the losses are means over the micro-batch's tokens: back to sums
+        if values is not None:
+            vloss = losses.clipped_value_loss(
+                values, batch["old_values"], batch["returns"], mask, rl.value_clip
             )
-        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            job.emit(step, "eval", **rljob.evaluate_policy(job, lm, ref, heldout).fields())
-    end = rljob.evaluate_policy(job, lm, ref, heldout)
-    name = "GRPO" if grpo else "PPO"
-    log(rljob.eval_line(f"after {name} ({step} steps)", end))
-    job.emit(step, "eval", **end.fields())
-    share = rollout_total / max(rollout_total + update_total, 1e-9)
-    log(
-        f"time: rollouts {rollout_total:.1f} s, updates {update_total:.1f} s: "
-        f"{share:.0%} of each step spent generating"
-    )
-    path = job.save(step, lm, optimizer)
-    job.summary(
-        checkpoint=str(path),
-        algorithm=name,
-        steps=step,
-        heldout_prompts=len(heldout),
-        pass_rate_before=start.pass_rate,
-        pass_rate_after=end.pass_rate,
-        kl_after=end.kl,
-        response_length_after=end.mean_length,
-        rollout_seconds=rollout_total,
-        update_seconds=update_total,
-        rollout_share=share,
-    )
-    return ExitCode.OK if step == t.steps else ExitCode.PREEMPTED
+            total = total + rl.value_coef * vloss * n
+            self._note("value_loss", float(vloss.detach()))
+        else:
+            kl = losses.masked_mean(losses.k3_kl(logps, batch["ref_logps"]), mask)
+            total = total + rl.kl_coef * kl * n
+        self._note("clip_fraction", float(clipped))
+        self._note("entropy", float(losses.masked_mean(entropy.detach(), mask)))
+        return total
+
+    def _note(self, name: str, value: float) -> None:
+        self.window.setdefault(name, []).append(value)
+
+    def step_fields(self) -> dict:
+        fields = {k: sum(v) / len(v) for k, v in self.window.items()}
+        self.window = {}
+        fields.update(self.last, rollout_seconds=self.rollout_s)
+        self.rollout_s = 0.0
+        return fields
+
+    def evaluate(self, model, step: int) -> Evaluation:
+        lm = policy.language_model(distributed.unwrap(model))
+        e = rljob.evaluate_policy(self.cfg, self.policy, lm, self.ref, self.heldout)
+        self.end = e
+        message = rljob.eval_line(f"eval at step {step}", e)
+        return Evaluation(float("nan"), message, e.fields())
+
+    def finish(self, model, run_dir, step: int) -> None:
+        end = self.end
+        self.log(rljob.eval_line(f"after {self.name} ({step} steps)", end))
+        share = self.rollout_total / max(time.perf_counter() - self.started, 1e-9)
+        self.log(
+            f"time: rollouts {self.rollout_total:.1f} s in this process: {share:.0%} of its "
+            "time since the start, the rest mostly updates: the share of each step spent generating"
+        )
+        self.summary(
+            run_dir,
+            algorithm=self.name,
+            steps=step,
+            heldout_prompts=len(self.heldout),
+            pass_rate_before=self.before.pass_rate,
+            pass_rate_after=end.pass_rate,
+            kl_after=end.kl,
+            response_length_after=end.mean_length,
+            rollout_seconds=self.rollout_total,
+            rollout_share=share,
+        )

@@ -12,12 +12,11 @@ of REWARD and DPO jobs (trainer.rl.preferences). Exit 2 on bad input, naming the
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import cast
 
 import torch
 
-from protos import attempt_pb2, trainer_config_pb2
+from protos import trainer_config_pb2
 from protos.config_yaml import ConfigError
 from protos.enums import enum_value
 from protos.exit_codes import ExitCode
@@ -68,9 +67,9 @@ def make(args, log=print) -> int:
     cfg = config(args)
     env = distributed.init()
     out = user_path(args.out)
-    attempt = attempt_pb2.Attempt(run_dir=str(Path(out).parent))
-    job = rljob.start(cfg, attempt, env, lambda m: None, None)
-    score = rljob.scorer(job)
+    quiet = lambda message: None  # noqa: E731
+    job = rljob.load_policy(cfg, env.device, quiet)
+    score = rljob.scorer(cfg, job, env.device, quiet)
     prompts = data.read_prompts(user_path(args.prompts), "--prompts")
     prompts = list(dict.fromkeys(prompts))[: args.max_prompts or None]
     n = args.samples

@@ -1,15 +1,17 @@
-"""REWARD jobs: the policy's network with a scalar head, trained on preference pairs with the
-Bradley-Terry loss (InstructGPT's reward model; TRL's RewardTrainer). Reports loss, held-out
-accuracy (chosen scored above rejected; a tie counts half) and the mean margin."""
+"""REWARD: the policy's network with a scalar head, trained on preference pairs with the
+Bradley-Terry loss (InstructGPT's reward model; TRL's RewardTrainer), on the one training core.
+A micro-batch is `train.micro_batch` pairs; the loss is the mean over the global batch's pairs.
+Reports loss, accuracy (chosen scored above rejected; a tie counts half) and the mean margin,
+on the step's pairs and on the held-out ones."""
 
 import dataclasses
 
 import torch
 
 from protos.config_yaml import ConfigError
-from protos.exit_codes import ExitCode
+from trainer.recipe import BatchCounts, Evaluation, ListBatches
 from trainer.rl import data, losses, policy
-from trainer.rl import job as rljob
+from trainer.rl.job import Policy, RlRecipe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,13 +21,6 @@ class PairStats:
     margin: float
 
 
-def pair_scores(job: rljob.RlJob, model: policy.WithHead, pairs: list[data.PreferencePair]):
-    seqs = [job.pair_sequence(p.prompt, p.chosen) for p in pairs]
-    seqs += [job.pair_sequence(p.prompt, p.rejected) for p in pairs]
-    s = policy.scores(model.lm, model.head, job.batch(seqs))
-    return s[: len(pairs)], s[len(pairs) :]
-
-
 def stats(chosen: torch.Tensor, rejected: torch.Tensor) -> PairStats:
     diff = (chosen - rejected).detach()
     accuracy = float(((diff > 0).float() + 0.5 * (diff == 0).float()).mean())
@@ -33,21 +28,11 @@ def stats(chosen: torch.Tensor, rejected: torch.Tensor) -> PairStats:
     return PairStats(loss, accuracy, float(diff.mean()))
 
 
-@torch.no_grad()
-def evaluate(job, model, pairs, batch_size: int) -> PairStats:
-    chosen, rejected = [], []
-    for i in range(0, len(pairs), batch_size):
-        c, r = pair_scores(job, model, pairs[i : i + batch_size])
-        chosen.append(c)
-        rejected.append(r)
-    return stats(torch.cat(chosen), torch.cat(rejected))
-
-
-def split_pairs(job: rljob.RlJob) -> tuple[list, list]:
-    rl = job.cfg.rl
+def split_pairs(cfg, log) -> tuple[list, list]:
+    rl = cfg.rl
     prefs = data.read_preferences(rl.preferences)
     train, heldout = data.split(prefs.pairs, lambda p: p.prompt, rl.eval_fraction)
-    job.log(
+    log(
         f"{rl.preferences}: {len(prefs.pairs)} pairs ({len(train)} to train on, "
         f"{len(heldout)} held out); {prefs.identical} skipped: chosen identical to rejected"
     )
@@ -60,56 +45,91 @@ def split_pairs(job: rljob.RlJob) -> tuple[list, list]:
     return train, heldout
 
 
-def run(cfg, attempt, env, log, client) -> ExitCode:
-    job = rljob.start(cfg, attempt, env, log, client, rljob.stop_check(client))
-    train, heldout = split_pairs(job)
-    model = policy.WithHead(job.actor.model, policy.ScalarHead(job.actor.meta.model))
-    model.to(env.device).train()
-    t = cfg.train
-    optimizer, scheduler = job.optimizer(model, t.steps)
-    generator = torch.Generator().manual_seed(t.seed)
-    before = evaluate(job, model, heldout, t.micro_batch)
-    job.emit(0, "eval", eval_loss=before.loss, preference_accuracy=before.accuracy)
-    window: list[PairStats] = []
-    step = 0
-    while step < t.steps and not job.stop_requested():
-        step += 1
-        picks = torch.randint(len(train), (t.micro_batch,), generator=generator).tolist()
-        chosen, rejected = pair_scores(job, model, [train[i] for i in picks])
-        losses.reward_loss(chosen, rejected).mean().backward()
-        grad_norm = rljob.clip_and_step(model, optimizer, scheduler, cfg.optim.grad_clip)
-        window.append(stats(chosen, rejected))
-        if step % t.log_every == 0 or step == t.steps:
-            job.emit(
-                step,
-                loss=sum(w.loss for w in window) / len(window),
-                preference_accuracy=sum(w.accuracy for w in window) / len(window),
-                margin=sum(w.margin for w in window) / len(window),
-                grad_norm=grad_norm,
-                lr=scheduler.get_last_lr()[0],
-            )
-            window = []
-        if t.eval_every and step % t.eval_every == 0 and step < t.steps:
-            e = evaluate(job, model, heldout, t.micro_batch)
-            job.emit(
-                step, "eval", eval_loss=e.loss, preference_accuracy=e.accuracy, margin=e.margin
-            )
-    after = evaluate(job, model, heldout, t.micro_batch)
-    job.emit(
-        step, "eval", eval_loss=after.loss, preference_accuracy=after.accuracy, margin=after.margin
-    )
-    path = job.save(step, model.lm, optimizer, extra={policy.HEAD_FILE: model.head.state_dict()})
-    log(
-        f"reward model: held-out accuracy {after.accuracy:.1%} on {len(heldout)} pairs "
-        f"(chance 50%), mean margin {after.margin:.3f}, loss {before.loss:.4f} -> {after.loss:.4f}"
-    )
-    job.summary(
-        checkpoint=str(path),
-        steps=step,
-        heldout_pairs=len(heldout),
-        heldout_accuracy=after.accuracy,
-        heldout_margin=after.margin,
-        heldout_loss_before=before.loss,
-        heldout_loss_after=after.loss,
-    )
-    return ExitCode.OK if step == t.steps else ExitCode.PREEMPTED
+def pair_batch(pol: Policy, pairs: list[data.PreferencePair]) -> dict:
+    """The chosen responses, then the rejected ones, as one right-padded batch."""
+    seqs = [pol.pair_sequence(p.prompt, p.chosen) for p in pairs]
+    seqs += [pol.pair_sequence(p.prompt, p.rejected) for p in pairs]
+    return {"batch": pol.batch(seqs), "pairs": len(pairs)}
+
+
+def pair_counts(batch: dict, pad_id: int) -> BatchCounts:
+    ids = batch["batch"].ids
+    return BatchCounts(float(batch["pairs"]), int((ids != pad_id).sum()), ids.numel())
+
+
+class RewardRecipe(RlRecipe):
+    def prepare(self) -> None:
+        self.train_pairs, self.heldout = split_pairs(self.cfg, self.log)
+        self.window: list[PairStats] = []
+
+    def build(self) -> torch.nn.Module:
+        return policy.WithHead(self.build_policy(), policy.ScalarHead(self.model_config)).to(
+            self.device
+        )
+
+    def start(self, model: policy.WithHead) -> str:
+        return self.start_policy(model.lm)
+
+    def shard_units(self, model) -> list[torch.nn.Module]:
+        return list(model.lm.layers)
+
+    def language_model(self, model) -> torch.nn.Module:
+        return model.lm
+
+    def batches(self, rank: int, ranks: int, model) -> ListBatches:
+        t = self.cfg.train
+        make = lambda pairs: pair_batch(self.policy, pairs)  # noqa: E731
+        return ListBatches(self.train_pairs, t.micro_batch, t.seed, rank, ranks, make)
+
+    def counts(self, batch: dict) -> BatchCounts:
+        return pair_counts(batch, self.policy.tokenizer.pad_id)
+
+    def loss(self, model, batch: dict) -> torch.Tensor:
+        n = batch["pairs"]
+        s = policy.scores(model, batch["batch"])
+        self.window.append(stats(s[:n], s[n:]))
+        return losses.reward_loss(s[:n], s[n:]).sum()
+
+    def step_fields(self) -> dict:
+        w, self.window = self.window, []
+        if not w:
+            return {}
+        return {
+            "preference_accuracy": sum(x.accuracy for x in w) / len(w),
+            "margin": sum(x.margin for x in w) / len(w),
+        }
+
+    @torch.no_grad()
+    def heldout_stats(self, model) -> PairStats:
+        chosen, rejected = [], []
+        size = self.cfg.train.micro_batch
+        for i in range(0, len(self.heldout), size):
+            batch = pair_batch(self.policy, self.heldout[i : i + size])
+            s = policy.scores(model, batch["batch"])
+            chosen.append(s[: batch["pairs"]])
+            rejected.append(s[batch["pairs"] :])
+        return stats(torch.cat(chosen), torch.cat(rejected))
+
+    def evaluate(self, model, step: int) -> Evaluation:
+        was_training = model.training
+        model.eval()
+        e = self.heldout_stats(model)
+        model.train(was_training)
+        self.last_eval = e
+        message = (
+            f"eval at step {step}: held-out accuracy {e.accuracy:.1%} on {len(self.heldout)} "
+            f"pairs (chance 50%), mean margin {e.margin:.3f}, loss {e.loss:.4f}"
+        )
+        fields = {"eval_loss": e.loss, "preference_accuracy": e.accuracy, "margin": e.margin}
+        return Evaluation(e.loss, message, fields)
+
+    def finish(self, model, run_dir, step: int) -> None:
+        e = self.last_eval
+        self.summary(
+            run_dir,
+            steps=step,
+            heldout_pairs=len(self.heldout),
+            heldout_accuracy=e.accuracy,
+            heldout_margin=e.margin,
+            heldout_loss_after=e.loss,
+        )

@@ -1,4 +1,4 @@
-"""Images in a chat request, for a served VLM (trainer/vlm/job.py's serve job).
+"""Images in a chat request, for a served VLM (trainer/jobs/serve.py).
 
 A message's `content` is a string, or OpenAI's list of content parts: `{"type": "text",
 "text": ...}` and `{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`.

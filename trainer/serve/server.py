@@ -23,7 +23,7 @@ import uvicorn
 from protos import attempt_pb2, progress_pb2, trainer_config_pb2
 from protos.exit_codes import ExitCode
 from trainer.data.tokenizer import Tokenizer
-from trainer.loop import install_sigterm_handler
+from trainer.jobs.context import install_sigterm_handler
 from trainer.model import Transformer
 from trainer.serve.api import ServedModel, create_app
 from trainer.serve.engine_process import EngineSpec

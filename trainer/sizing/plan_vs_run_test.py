@@ -28,6 +28,7 @@ import sys
 
 import pytest
 
+from trainer.lm_loss import summed_loss
 from trainer.sizing.tiny_batch import tiny_batch
 
 SHAPE_FLAGS = ("--layers", "--dim", "--heads", "--vocab", "--seq-len", "--micro-batch")
@@ -85,7 +86,7 @@ def test_flops_per_token(predicted):
     # The math backend runs attention as visible matmuls, which the counter sees; the fused
     # CPU kernel would hide them. Either computes the full T×T scores, as PaLM's term counts.
     with sdpa_kernel(SDPBackend.MATH), counter:
-        model(ids, position_ids, layout, labels=labels).backward()
+        summed_loss(model, ids, position_ids, layout, labels).backward()
     measured = counter.get_total_flops() / ids.numel()
     # The counter sees matmuls only. N includes the blocks' norm weights (2·d per layer), which
     # are elementwise: 6·2·d·L = 12,288 of 28.7 M FLOPs per token here are counted by the
@@ -161,7 +162,7 @@ def measure_peaks(modes) -> dict:
         optimizer = build_optimizer(model, cfg.optim, "cpu")
         for _ in range(steps):
             ids, position_ids, layout, labels = tiny_batch(cfg)
-            model(ids, position_ids, layout, labels=labels).backward()
+            summed_loss(model, ids, position_ids, layout, labels).backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 

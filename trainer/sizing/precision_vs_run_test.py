@@ -33,6 +33,8 @@ import sys
 
 import pytest
 
+from trainer.lm_loss import summed_loss
+
 LAYERS, SEQ_LEN, MICRO_BATCH, KV_HEADS = 2, 128, 2, 4
 PRECISIONS = {"fp32": None, "bf16": "bfloat16"}
 
@@ -153,7 +155,7 @@ def measure(precision: str) -> dict:
     optimizer = build_optimizer(model, cfg.optim, "cpu")
     ids, position_ids, layout, labels = tiny_batch(cfg)
     with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-        loss = model(ids, position_ids, layout, labels=labels)
+        loss = summed_loss(model, ids, position_ids, layout, labels)
     loss.backward()
     optimizer.step()
     params = list(model.parameters())
@@ -199,7 +201,7 @@ def measure(precision: str) -> dict:
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), casts:
         with torch.autocast("cpu", dtype=dtype or torch.float32, enabled=dtype is not None):
-            model(ids, position_ids, layout, labels=labels)
+            summed_loss(model, ids, position_ids, layout, labels)
     result["weight_casts"] = sum(casts.casts.values())
     result["saved_per_layer"] = per_layer
     return result

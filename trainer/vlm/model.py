@@ -11,8 +11,7 @@ import torch
 import torch.nn as nn
 
 from protos.trainer_config_pb2 import ModelConfig, TrainerConfig
-from trainer.data.loader import IGNORE
-from trainer.model import Layout, Transformer, select_ops
+from trainer.model import Head, Layout, Transformer, select_ops
 from trainer.sizing import flops
 from trainer.vlm.encoder import VisionEncoder
 from trainer.vlm.projector import Projector
@@ -60,22 +59,15 @@ class VisionLanguageModel(nn.Module):
             cache.pos += S
         return self.lm.norm(x)
 
-    def forward(self, images, input_ids, labels=None):
-        """Logits (B, image_tokens + T, vocab), or with `labels` (B, T) the summed cross
-        entropy over the text targets (the caller divides by their count)."""
+    def forward(self, images, input_ids, head: Head | None = None):
+        """Logits (B, image_tokens + T, vocab), or `head(lm, hidden)` of the final hidden
+        states over image and text positions (trainer/model.py's `Head`; the VLM recipe's
+        loss pads the text labels over the image positions, trainer/vlm/recipe.py)."""
         embeds = torch.cat([self.embed_images(images), self.lm.tok_embeddings(input_ids)], 1)
         h = self.hidden(embeds)
-        weight = self.lm.output.weight
-        if labels is None:
-            return nn.functional.linear(h, weight).float()
-        pad = labels.new_full((labels.shape[0], self.image_tokens), IGNORE)
-        full = torch.cat([pad, labels], 1)
-        if torch.is_autocast_enabled(h.device.type):  # as Transformer.forward: one dtype
-            dtype = torch.get_autocast_dtype(h.device.type)
-            h, weight = h.to(dtype), weight.to(dtype)
-        return self.lm.ops.fused_linear_cross_entropy(
-            h.reshape(-1, h.shape[-1]), weight, full.reshape(-1), reduction="sum"
-        )
+        if head is not None:
+            return head(self.lm, h)
+        return nn.functional.linear(h, self.lm.output.weight).float()
 
     def set_stage(self, stage: str, train_encoder: bool) -> list[str]:
         """Freeze for `stage` (ALIGN: the LM, and the encoder unless train_encoder; FINETUNE:

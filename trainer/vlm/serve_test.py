@@ -16,6 +16,7 @@ import openai
 import pytest
 import torch
 
+from protos import attempt_pb2
 from protos.config_yaml import load_job_spec
 from protos.exit_codes import ExitCode
 from protos.trainer_config_pb2 import GenerateConfig
@@ -23,13 +24,14 @@ from protos.validation import validate_job_spec
 from trainer import distributed, main
 from trainer.data.images import load_image
 from trainer.data.tokenizer import load_tokenizer
+from trainer.jobs.context import JobContext
 from trainer.serve.engine import Engine, Request, SamplingParams
 from trainer.serve.images import IMAGE_PLACEHOLDER
 from trainer.serve.testing import serve_config, wait_for_endpoint
 from trainer.testing import start_trainer, write_job
-from trainer.vlm import job as vlm_jobs
 from trainer.vlm import scenes
 from trainer.vlm.ask import data_url, image_message
+from trainer.vlm.checkpoints import load_vlm
 from trainer.vlm.generate import generate
 from trainer.vlm.testing import vlm_job, write_scenes
 
@@ -60,7 +62,9 @@ def reference(trained):
     """The checkpoint loaded as the GENERATE and EVAL jobs load it, and its tokenizer."""
     job = write_job(trained / "gen.yaml", vlm_job(trained, kind="GENERATE"))
     cfg = validate_job_spec(load_job_spec(str(job)))
-    model, dataset = vlm_jobs._load(cfg, trained / "run", distributed.init(), lambda m: None)
+    attempt = attempt_pb2.Attempt(run_dir=str(trained / "run"), cache_dir=str(trained / "cache"))
+    ctx = JobContext(cfg, attempt, distributed.init(), lambda m: None, None)
+    model, dataset = load_vlm(ctx)
     return model, load_tokenizer(dataset)
 
 

@@ -70,36 +70,6 @@ def test_generate_answers_about_the_given_image(trained, capsys):
     assert said[0][len(prompt) :].strip() == line["response"].strip()
 
 
-def test_a_stopped_stage_resumes_to_bitwise_the_same_weights(trained, tmp_path):
-    """Stop after step 3 (a checkpoint, as on SIGTERM), resume to step 6: the same weights as
-    six steps in one go (model, optimizer, schedule, RNG and the loader's position restored)."""
-    from protos.config_yaml import load_job_spec
-    from protos.validation import validate_job_spec
-    from trainer import distributed
-    from trainer.loop import Outcome
-    from trainer.vlm import job as vlm_job_module
-    from trainer.vlm.train import train_vlm
-
-    _, root = trained
-    job = write_job(tmp_path / "r.yaml", vlm_job(root, train={"steps": 6, "log_every": 1}))
-    cfg = validate_job_spec(load_job_spec(str(job)))
-    env = distributed.init()
-    log = lambda message: None
-    ds = vlm_job_module.precook(cfg, str(root / "cache"), env, log)
-    vocab = ds.manifest.vocab_size
-    assert train_vlm(cfg, tmp_path / "once", env, ds.path, vocab, log) is Outcome.DONE
-    calls = iter(range(100))
-    stop = lambda: next(calls) == 3  # asked before steps 1, 2, 3, then 4: stop there
-    assert (
-        train_vlm(cfg, tmp_path / "twice", env, ds.path, vocab, log, stop=stop) is Outcome.PREEMPTED
-    )
-    assert train_vlm(cfg, tmp_path / "twice", env, ds.path, vocab, log) is Outcome.DONE
-    once = torch.load(tmp_path / "once/checkpoints/step_00000006/model.pt")
-    twice = torch.load(tmp_path / "twice/checkpoints/step_00000006/model.pt")
-    assert once.keys() == twice.keys()
-    assert all(torch.equal(once[k], twice[k]) for k in once)
-
-
 @pytest.mark.parametrize(
     ("change", "field"),
     [

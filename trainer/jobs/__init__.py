@@ -1,0 +1,34 @@
+"""The trainer's job kinds: `JOBS` is the one registry (job kind -> the function that runs it);
+trainer/main.py parses, validates and dispatches here. Every training kind runs the one
+training core with its recipe (jobs/train.py, trainer/recipes/)."""
+
+import importlib
+
+from protos import job_pb2
+from protos.exit_codes import ExitCode
+from trainer.jobs.context import JobContext
+
+TRAIN = "trainer.jobs.train:run"
+
+# job kind -> "module:function", imported when a job of that kind runs
+JOBS: dict[int, str] = {
+    job_pb2.PRECOOK: "trainer.jobs.precook:run",
+    job_pb2.PRETRAIN: TRAIN,
+    job_pb2.SFT: TRAIN,
+    job_pb2.VLM: TRAIN,
+    job_pb2.REWARD: TRAIN,
+    job_pb2.DPO: TRAIN,
+    job_pb2.PPO: TRAIN,
+    job_pb2.DISTILL: TRAIN,
+    job_pb2.EVAL: "trainer.jobs.evaluate:run",
+    job_pb2.GENERATE: "trainer.jobs.generate:run",
+    job_pb2.SERVE: "trainer.jobs.serve:run",
+    job_pb2.EXPORT: "trainer.jobs.hf:export",
+    job_pb2.IMPORT: "trainer.jobs.hf:import_",
+}
+
+
+def run(ctx: JobContext) -> ExitCode:
+    """The job of `ctx.kind`."""
+    module, name = JOBS[ctx.kind].split(":")
+    return getattr(importlib.import_module(module), name)(ctx)

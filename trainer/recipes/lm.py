@@ -1,0 +1,86 @@
+"""PRETRAIN and SFT: next-token prediction on precooked packed rows (trainer/data/loader.py).
+
+SFT rows carry labels only on response tokens (precook masks the prompt), and the run starts
+from `checkpoint.path`; otherwise the two are the same recipe. It is the one that allows every
+parallel layout: tensor, sequence, pipeline, context and expert parallel."""
+
+import math
+from pathlib import Path
+
+import torch
+
+from protos import job_pb2
+from protos.enums import enum_name
+from trainer import checkpoint, evaluate
+from trainer.data.loader import PackedRowLoader
+from trainer.lm_loss import packed_rows_loss
+from trainer.loop import Trainer
+from trainer.model import Transformer, select_ops
+from trainer.recipe import BatchCounts, Evaluation, Recipe
+from trainer.sizing import flops
+
+
+class LanguageModelRecipe(Recipe):
+    model_parallel = True
+    expert_parallel = True
+
+    def build(self) -> torch.nn.Module:
+        cfg = self.cfg
+        ops = select_ops(cfg.model.use_kernels, self.device)
+        recompute = enum_name(cfg.train, "recompute")
+        return Transformer(cfg.model, self.vocab_size, ops=ops, recompute=recompute).to(self.device)
+
+    def start(self, model: torch.nn.Module) -> str:
+        if self.kind != job_pb2.SFT or not self.cfg.checkpoint.path:
+            return ""
+        path = Path(self.cfg.checkpoint.path)
+        meta = checkpoint.pretrained(path, self.cfg.model, self.vocab_size)
+        checkpoint.load_model_state(model, checkpoint.language_model_state(path))
+        return f"fine-tuning from {path} (step {meta.step})"
+
+    def flops_per_token(self, model: torch.nn.Module) -> float:
+        m = self.cfg.model
+        return flops.flops_per_token(
+            model.matmul_params(), m.n_layers, m.n_heads, m.dim // m.n_heads, self.cfg.data.seq_len
+        )
+
+    def batches(self, rank: int, ranks: int, model: torch.nn.Module) -> PackedRowLoader:
+        t = self.cfg.train
+        return PackedRowLoader(
+            self.dataset,
+            split="train",
+            batch_size=t.micro_batch,
+            seed=t.seed,
+            rank=rank,
+            world_size=ranks,
+        )
+
+    def counts(self, batch: dict) -> BatchCounts:
+        positions = batch["document_ids"].numel()
+        padding = int((batch["document_ids"] < 0).sum())
+        return BatchCounts(float((batch["labels"] != -100).sum()), positions - padding, positions)
+
+    def loss(self, model: torch.nn.Module, batch: dict) -> torch.Tensor:
+        return packed_rows_loss(model, batch, self.device, self.dtype)
+
+    def evaluate(self, model: torch.nn.Module, step: int) -> Evaluation | None:
+        result = evaluate.heldout_loss(model, self.dataset, self.cfg, self.env, self.dtype)
+        if result is None:
+            return Evaluation(math.nan, "eval: the held-out split is empty; no eval loss")
+        message = (
+            f"eval at step {step}: loss {result.loss:.4f}, perplexity "
+            f"{result.perplexity:,.2f} over {result.tokens:,} held-out tokens"
+        )
+        score = {"task": "heldout", "metric": "loss", "value": result.loss}
+        return Evaluation(result.loss, message, {"eval_loss": result.loss}, [score])
+
+
+def lm_trainer(
+    cfg, run_dir, env, dataset: str, vocab_size: int, *, log, kind=job_pb2.PRETRAIN
+) -> "Trainer":
+    """A Trainer of this recipe outside a job (tests, benchmarks)."""
+    from trainer.config import train_dtype
+
+    dtype = train_dtype(cfg, env.device)
+    recipe = LanguageModelRecipe(cfg, kind, env, str(dataset), vocab_size, dtype, log)
+    return Trainer(recipe, run_dir, log=log)
