@@ -72,7 +72,8 @@ class Trainer(LoopCheckpoints):
         self.checkpointer = checkpoint.Checkpointer(
             self.run_dir / "checkpoints", cfg.checkpoint.keep_last, env.is_main
         )
-        self.guard = LossGuard(t.spike_factor, t.max_bad_steps)
+        spike_factor = t.spike_factor if recipe.loss_spikes_matter else math.inf
+        self.guard = LossGuard(spike_factor, t.max_bad_steps)
         self.noise = GradientNoiseScale()
         self.health = HealthMonitor(cfg, env, self.parallelism, self.run_dir, log)
         self.goodput = Goodput(process_start_time())

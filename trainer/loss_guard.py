@@ -1,7 +1,9 @@
 """Loss guard: a NaN/inf loss or a spike far above the recent median skips the update.
 
 After `max_bad` bad steps in a row the caller rolls back to the last checkpoint (PaLM did
-the same: restart from a checkpoint and skip the offending batches).
+the same: restart from a checkpoint and skip the offending batches). A spike factor of inf
+checks finiteness only: for a loss that is no distance to a target (a policy gradient's sits
+around 0 and changes sign), "far above the median" means nothing.
 """
 
 import enum
@@ -46,7 +48,7 @@ class LossGuard:
     def is_good(self, loss: float) -> bool:
         if not math.isfinite(loss):
             return False
-        if len(self.recent) < MIN_HISTORY:
+        if len(self.recent) < MIN_HISTORY or math.isinf(self.spike_factor):
             return True
         return loss <= self.spike_factor * statistics.median(self.recent)
 

@@ -74,6 +74,9 @@ class Recipe:
 
     model_parallel: ClassVar[bool] = False  # whether TP/PP/CP layouts may run it
     expert_parallel: ClassVar[bool] = False
+    # Whether a loss far above its recent median means trouble (trainer/loss_guard.py): true of
+    # a distance to a target (cross entropy, a preference loss), not of a policy gradient.
+    loss_spikes_matter: ClassVar[bool] = True
 
     def __init__(
         self,

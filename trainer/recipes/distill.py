@@ -23,6 +23,7 @@ from trainer.recipes.lm import LanguageModelRecipe
 
 class DistillRecipe(LanguageModelRecipe):
     model_parallel = False  # the teacher is whole on every rank
+    starting = "the student starts from"
     expert_parallel = False
 
     @classmethod
@@ -46,14 +47,6 @@ class DistillRecipe(LanguageModelRecipe):
         self.teacher = teacher.requires_grad_(False).eval()
         params = sum(p.numel() for p in teacher.parameters())
         self.teacher_line = f"teacher {path} ({meta.kind} step {meta.step}, {params / 1e6:.2f} M)"
-
-    def start(self, model: torch.nn.Module) -> str:
-        if not self.cfg.checkpoint.path:
-            return ""
-        path = Path(self.cfg.checkpoint.path)
-        meta = checkpoint.pretrained(path, self.cfg.model, self.vocab_size)
-        checkpoint.load_model_state(model, checkpoint.language_model_state(path))
-        return f"the student starts from {path} (step {meta.step})"
 
     def describe(self, model: torch.nn.Module) -> str:
         d = self.cfg.distill

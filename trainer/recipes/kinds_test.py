@@ -22,7 +22,6 @@ import torch
 from trainer.testing import (
     chat_file,
     final_weights,
-    run_trainer,
     subprocess_env,
     tiny_job,
     torchrun,
@@ -115,12 +114,22 @@ KINDS: dict[str, Callable[[Path], dict]] = {
     "reward": lambda b: rl(b, "REWARD", {"preferences": str(b / "prefs.jsonl")}),
     "dpo": lambda b: rl(b, "DPO", {"preferences": str(b / "prefs.jsonl"), "beta": 0.1}),
     "ppo": lambda b: rl(
-        b, "PPO", {"prompts": str(b / "chat.jsonl"), "group_size": 2, "rollout_prompts": 2,
-                   **PROMPTS}, micro_batch=2,
+        b,
+        "PPO",
+        {"prompts": str(b / "chat.jsonl"), "group_size": 2, "rollout_prompts": 2, **PROMPTS},
+        micro_batch=2,
     ),  # fmt: skip
     "grpo": lambda b: rl(
-        b, "PPO", {"prompts": str(b / "chat.jsonl"), "algorithm": "grpo", "group_size": 4,
-                   "rollout_prompts": 2, **PROMPTS}, micro_batch=2,
+        b,
+        "PPO",
+        {
+            "prompts": str(b / "chat.jsonl"),
+            "algorithm": "grpo",
+            "group_size": 4,
+            "rollout_prompts": 2,
+            **PROMPTS,
+        },
+        micro_batch=2,
     ),  # fmt: skip
     "distill": distill,
 }
@@ -166,7 +175,9 @@ def test_the_core_gives_every_kind_resume_scale_and_health(kind, base, tmp_path)
     # 2 processes x 1 micro-batch under DDP and FSDP = 1 process x 2 micro-batches
     for parallelism in ("DDP", "FSDP"):
         run_dir = tmp_path / parallelism
-        result = torchrun(job(base, kind, f"{kind}-{parallelism}", parallelism=parallelism), run_dir)
+        result = torchrun(
+            job(base, kind, f"{kind}-{parallelism}", parallelism=parallelism), run_dir
+        )
         assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
         losses = dict(train_losses(run_dir))
         for step, loss in expected.items():

@@ -23,6 +23,7 @@ from trainer.sizing import flops
 class LanguageModelRecipe(Recipe):
     model_parallel = True
     expert_parallel = True
+    starting = "fine-tuning from"  # the log line of a start from checkpoint.path
 
     def build(self) -> torch.nn.Module:
         cfg = self.cfg
@@ -31,12 +32,13 @@ class LanguageModelRecipe(Recipe):
         return Transformer(cfg.model, self.vocab_size, ops=ops, recompute=recompute).to(self.device)
 
     def start(self, model: torch.nn.Module) -> str:
-        if self.kind != job_pb2.SFT or not self.cfg.checkpoint.path:
+        """SFT starts from checkpoint.path; a DISTILL student may (PRETRAIN ignores it)."""
+        if self.kind == job_pb2.PRETRAIN or not self.cfg.checkpoint.path:
             return ""
         path = Path(self.cfg.checkpoint.path)
         meta = checkpoint.pretrained(path, self.cfg.model, self.vocab_size)
         checkpoint.load_model_state(model, checkpoint.language_model_state(path))
-        return f"fine-tuning from {path} (step {meta.step})"
+        return f"{self.starting} {path} (step {meta.step})"
 
     def flops_per_token(self, model: torch.nn.Module) -> float:
         m = self.cfg.model

@@ -11,10 +11,10 @@ import torch
 
 from protos import trainer_config_pb2
 from trainer import distributed
-from trainer.recipe import BatchCounts, Evaluation, ListBatches
+from trainer.recipe import Evaluation
 from trainer.rl import job as rljob
 from trainer.rl import losses, policy
-from trainer.rl.reward_model import pair_batch, pair_counts, split_pairs
+from trainer.rl.reward_model import PairRecipe, pair_batch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +49,9 @@ def sequence_logps(model, batch: policy.Batch, mean: bool) -> torch.Tensor:
     return total / batch.mask.sum(1).clamp(min=1) if mean else total
 
 
-class DpoRecipe(rljob.RlRecipe):
+class DpoRecipe(PairRecipe):
     def prepare(self) -> None:
-        self.train_pairs, self.heldout = split_pairs(self.cfg, self.log)
+        super().prepare()
         self.prompts = sorted({p.prompt for p in self.heldout})
         self.ref = rljob.reference(self.cfg, self.policy, self.device, self.log)
         self.window: list[DpoStats] = []
@@ -64,14 +64,6 @@ class DpoRecipe(rljob.RlRecipe):
         self.before = rljob.evaluate_policy(self.cfg, self.policy, model, self.ref, self.prompts)
         self.log(rljob.eval_line("before DPO", self.before))
         return started
-
-    def batches(self, rank: int, ranks: int, model) -> ListBatches:
-        t = self.cfg.train
-        make = lambda pairs: pair_batch(self.policy, pairs)  # noqa: E731
-        return ListBatches(self.train_pairs, t.micro_batch, t.seed, rank, ranks, make)
-
-    def counts(self, batch: dict) -> BatchCounts:
-        return pair_counts(batch, self.policy.tokenizer.pad_id)
 
     def pair_loss(self, model, batch: dict) -> tuple[torch.Tensor, DpoStats]:
         rl = self.cfg.rl

@@ -106,6 +106,8 @@ class Rollouts:
 
 
 class PpoRecipe(rljob.RlRecipe):
+    loss_spikes_matter = False  # a clipped policy gradient sits around 0 and changes sign
+
     def prepare(self) -> None:
         rl = self.cfg.rl
         prompts = data.read_prompts(rl.prompts)

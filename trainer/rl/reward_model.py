@@ -52,14 +52,27 @@ def pair_batch(pol: Policy, pairs: list[data.PreferencePair]) -> dict:
     return {"batch": pol.batch(seqs), "pairs": len(pairs)}
 
 
-def pair_counts(batch: dict, pad_id: int) -> BatchCounts:
-    ids = batch["batch"].ids
-    return BatchCounts(float(batch["pairs"]), int((ids != pad_id).sum()), ids.numel())
+class PairRecipe(RlRecipe):
+    """A recipe on preference pairs (REWARD, DPO): `train.micro_batch` pairs a micro-batch,
+    drawn at random from the training pairs; the loss is summed over pairs."""
 
-
-class RewardRecipe(RlRecipe):
     def prepare(self) -> None:
         self.train_pairs, self.heldout = split_pairs(self.cfg, self.log)
+
+    def batches(self, rank: int, ranks: int, model) -> ListBatches:
+        t = self.cfg.train
+        make = lambda pairs: pair_batch(self.policy, pairs)  # noqa: E731
+        return ListBatches(self.train_pairs, t.micro_batch, t.seed, rank, ranks, make)
+
+    def counts(self, batch: dict) -> BatchCounts:
+        ids = batch["batch"].ids
+        pad_id = self.policy.tokenizer.pad_id
+        return BatchCounts(float(batch["pairs"]), int((ids != pad_id).sum()), ids.numel())
+
+
+class RewardRecipe(PairRecipe):
+    def prepare(self) -> None:
+        super().prepare()
         self.window: list[PairStats] = []
 
     def build(self) -> torch.nn.Module:
@@ -75,14 +88,6 @@ class RewardRecipe(RlRecipe):
 
     def language_model(self, model) -> torch.nn.Module:
         return model.lm
-
-    def batches(self, rank: int, ranks: int, model) -> ListBatches:
-        t = self.cfg.train
-        make = lambda pairs: pair_batch(self.policy, pairs)  # noqa: E731
-        return ListBatches(self.train_pairs, t.micro_batch, t.seed, rank, ranks, make)
-
-    def counts(self, batch: dict) -> BatchCounts:
-        return pair_counts(batch, self.policy.tokenizer.pad_id)
 
     def loss(self, model, batch: dict) -> torch.Tensor:
         n = batch["pairs"]

@@ -4,6 +4,7 @@ held-out images (trainer/vlm/evaluate.py). A stage starts from `checkpoint.path`
 text checkpoint (its language model) or a VLM checkpoint of an earlier stage (the whole model).
 """
 
+from collections import deque
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ from protos.config_yaml import ConfigError
 from protos.enums import enum_name
 from protos.files import write_json_atomic
 from protos.trainer_config_pb2 import TrainerConfig
-from trainer import checkpoint
+from trainer import checkpoint, distributed
 from trainer.data.image_loader import ImageRowLoader
 from trainer.data.loader import IGNORE
 from trainer.lm_loss import next_token_loss
@@ -77,13 +78,15 @@ class VlmRecipe(Recipe):
         t = self.cfg.train
         loader = ImageRowLoader(self.dataset, "train", t.micro_batch, t.seed, rank, ranks)
         self.pad_id = loader.pad_id
+        # (image tokens, tokens) of the last step's micro-batches on this rank
+        self.step_tokens: deque[tuple[int, int]] = deque(maxlen=t.grad_accum)
         return loader
 
     def counts(self, batch: dict) -> BatchCounts:
         rows = len(batch["input_ids"])
         text = int((batch["input_ids"] != self.pad_id).sum())
         tokens = rows * self.image_tokens + text
-        self.image_share = rows * self.image_tokens / max(tokens, 1)
+        self.step_tokens.append((rows * self.image_tokens, tokens))
         positions = rows * (self.image_tokens + self.cfg.data.seq_len)
         return BatchCounts(float((batch["labels"] != IGNORE).sum()), tokens, positions)
 
@@ -94,7 +97,11 @@ class VlmRecipe(Recipe):
         return model(b["images"], b["input_ids"], head=next_token_loss(torch.cat([pad, labels], 1)))
 
     def step_fields(self) -> dict:
-        return {"image_token_share": self.image_share}
+        """The last step's share of image tokens in its global batch (a collective)."""
+        image = sum(i for i, _ in self.step_tokens)
+        local = torch.tensor([image, sum(t for _, t in self.step_tokens)], dtype=torch.float64)
+        image, tokens = distributed.all_reduce_sum(local.to(self.device)).tolist()
+        return {"image_token_share": image / max(tokens, 1.0)}
 
     def finish(self, model: torch.nn.Module, run_dir, step: int) -> None:
         """The held-out images' answers (every rank runs it: under FSDP the forwards are
