@@ -31,6 +31,7 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
     ("eval", "tasks_dir"),
     ("eval", "sweep"),
     ("generate", "image"),  # #16 VLM
+    ("distill", "teacher_path"),  # #30
 )
 # (section, repeated message field, path field in each item): every mixture source's input.
 REPEATED_PATH_FIELDS: tuple[tuple[str, str, str], ...] = (("data", "sources", "input"),)

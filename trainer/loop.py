@@ -300,7 +300,11 @@ class Trainer(LoopCheckpoints):
             **moe.progress_fields(self.model),
             **own,
         )
-        shown = ", ".join(f"{name.replace('_', ' ')} {value:.4g}" for name, value in own.items())
+        shown = ", ".join(
+            f"{name.replace('_', ' ')} {value:.0%}" if name.endswith("_share") else
+            f"{name.replace('_', ' ')} {value:.4g}"
+            for name, value in own.items()
+        )  # fmt: skip
         self.log(self.metrics.human_line(p) + (f" | {shown}" if shown else ""))
 
     def evaluate(self) -> float:
