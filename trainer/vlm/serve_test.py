@@ -23,9 +23,9 @@ from protos.validation import validate_job_spec
 from trainer import distributed, main
 from trainer.data.images import load_image
 from trainer.data.tokenizer import load_tokenizer
-from trainer.serve.engine import Engine, Request, SamplingParams
-from trainer.serve.images import IMAGE_PLACEHOLDER
-from trainer.serve.testing import serve_config, wait_for_endpoint
+from trainer.inference.engine import IMAGE_PLACEHOLDER, Engine, Request, SamplingParams
+from trainer.inference.testing import serve_config
+from trainer.serve.testing import wait_for_endpoint
 from trainer.testing import start_trainer, write_job
 from trainer.vlm import job as vlm_jobs
 from trainer.vlm import scenes

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from trainer.serve.bench import load
-from trainer.serve.testing import VOCAB, start_server, tiny_model
+from trainer.inference.testing import VOCAB, tiny_model
+from trainer.serve.testing import start_server
 
 torch.set_num_threads(1)
 

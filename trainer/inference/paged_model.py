@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.model import Transformer
-from trainer.serve.kv_cache import PagedKVCache
+from trainer.inference.kv_cache import PagedKVCache
 
 
 @dataclass
