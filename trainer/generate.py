@@ -23,8 +23,6 @@ def generate(
     """New token ids after `prompt` (the stop token last when it ended them) and tokens/s.
     Stops at `stop_id` (None: never), after `max_new_tokens`, or when `max_len` positions are
     used."""
-    if max_new_tokens <= 0 or len(prompt) >= max_len:
-        return [], 0.0
     params = SamplingParams(
         max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
     )

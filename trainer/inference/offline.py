@@ -80,12 +80,17 @@ def generate(
         if prompt.image is not None:
             ids = [IMAGE_PLACEHOLDER] * image_tokens + ids
         requests.append(Request(str(i), ids, p, image=prompt.image))
-    cfg = _pool_config(requests, max_len, block_size)
+    # No room to generate (no new tokens asked, or the prompt fills the context): an empty
+    # completion, never a request.
+    runs = [r for r in requests if r.params.max_tokens > 0 and len(r.prompt) < max_len]
+    if not runs:
+        return [Completion([], "", FinishReason.LENGTH, []) for _ in requests]
+    cfg = _pool_config(runs, max_len, block_size)
     engine = Engine(
         model, cfg, decode=decode or _no_text, eos_id=eos_id, max_len=max_len,
         embed_images=embed_images,
     )  # fmt: skip
-    for r in requests:
+    for r in runs:
         engine.add(r)
     while engine.has_work():
         engine.step()

@@ -15,8 +15,6 @@ def generate(model, image: torch.Tensor, prompt: list[int], g: GenerateConfig, s
     """(new token ids, the stop token last when it ended them; tokens/s) after `image`
     (S, S, 3 uint8) and `prompt`."""
     max_len = model.lm.rope.cos.shape[0]
-    if g.max_new_tokens <= 0 or model.image_tokens + len(prompt) >= max_len:
-        return [], 0.0
     params = SamplingParams(
         max_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
         seed=g.seed,
