@@ -172,6 +172,11 @@ class Rollouts:
     logprobs: list[list[float]]
 
 
+def response_seeds(generator: torch.Generator, count: int) -> list[int]:
+    """The engine seeds of `count` responses, drawn from the job's generator."""
+    return torch.randint(2**62, (count,), generator=generator, device=generator.device).tolist()
+
+
 @torch.no_grad()
 def sample(
     model: Transformer,
@@ -190,9 +195,7 @@ def sample(
     reading `model`'s parameters in place (no copy). Each response is a request with its own
     seed drawn from `generator`: the same generator state draws the same responses whatever
     the batch. RlConfig has no top_k/top_p: RL samples the whole distribution (0 and 1)."""
-    seeds = torch.randint(
-        2**62, (len(prompts) * n,), generator=generator, device=generator.device
-    ).tolist()
+    seeds = response_seeds(generator, len(prompts) * n)
     params = [
         SamplingParams(
             max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
