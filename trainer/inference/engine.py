@@ -37,7 +37,7 @@ import torch
 from protos import trainer_config_pb2
 from trainer.inference.kv_cache import PagedKVCache
 from trainer.inference.paged_model import Run, forward_step
-from trainer.inference.sampling import argmax_rows, sample_next, token_logprobs
+from trainer.inference.sampling import argmax_rows, sample, token_logprobs
 from trainer.model import Transformer
 
 # The token id at an image's positions of a request's token list: any valid id, its embedding
@@ -211,18 +211,18 @@ class Engine:
 
     @staticmethod
     def _sample(logits: torch.Tensor, ready: list[tuple[int, Request]]) -> list[int]:
-        """The next token of each ready request: the greedy ones with one argmax over their
-        rows, the others one by one (each has its own seeded generator and filters)."""
-        greedy = [i for i, r in ready if r.params.temperature == 0]
-        if len(greedy) == len(ready) == len(logits):
-            return argmax_rows(logits).tolist()
-        tokens = dict(zip(greedy, argmax_rows(logits[greedy]).tolist(), strict=True))
-        for i, r in ready:
-            if i not in tokens:
-                p = r.params
-                row = logits[i : i + 1]
-                tokens[i] = int(sample_next(row, p.temperature, p.top_k, p.top_p, r.generator)[0])
-        return [tokens[i] for i, _ in ready]
+        """The next token of each ready request, each with its own params and generator."""
+        if len(ready) == len(logits) and all(r.params.temperature == 0 for _, r in ready):
+            return argmax_rows(logits).tolist()  # all greedy: one argmax over every row
+        rows = logits[[i for i, _ in ready]]
+        params = [r.params for _, r in ready]
+        return sample(
+            rows,
+            [p.temperature for p in params],
+            [p.top_k for p in params],
+            [p.top_p for p in params],
+            [r.generator for _, r in ready],
+        )
 
     @torch.no_grad()
     def _encode_images(self, requests: list[Request]) -> None:

@@ -16,24 +16,58 @@ import torch
 ARGMAX_BLOCK = 64
 
 
-def sample_next(logits: torch.Tensor, temperature: float, top_k: int, top_p: float, generator):
-    """One token id per row of `logits` (B, vocab). temperature 0 is greedy; top_k 0 and top_p
-    1 disable those filters."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    logits = logits.float() / temperature
-    if top_k and top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k, dim=-1).values[..., -1, None]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    if top_p < 1:
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        # Drop a token when the tokens ranked above it already reach top_p (the first stays).
-        drop = cumulative - sorted_logits.softmax(dim=-1) >= top_p
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
-    probs = logits.softmax(dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+def sample(
+    logits: torch.Tensor,
+    temperature: list[float],
+    top_k: list[int],
+    top_p: list[float],
+    generators: list[torch.Generator],
+) -> list[int]:
+    """One token id per row of `logits` (B, vocab), each row with its own temperature (0:
+    greedy), top_k (0: off), top_p (1: off) and generator.
+
+    The filters run on all rows at once; the draw is inverse-CDF sampling, as torch.multinomial
+    does it: one uniform number from the row's own generator, placed in the cumulative
+    distribution of the row. One random number per row, not one per token (exponential or
+    Gumbel races), and not one multinomial call per row (~150 us for a 4096-token row here). A
+    row's draw depends on its logits and its generator only, never on the other rows."""
+    tokens: dict[int, int] = {}
+    greedy = [i for i, t in enumerate(temperature) if t == 0]
+    if greedy:
+        tokens = dict(zip(greedy, argmax_rows(logits[greedy]).tolist(), strict=True))
+    drawn = [i for i, t in enumerate(temperature) if t != 0]
+    if drawn:
+        device = logits.device
+        x = logits[drawn].float() / torch.tensor([temperature[i] for i in drawn], device=device)[
+            :, None
+        ]
+        ks, ps = [top_k[i] for i in drawn], [top_p[i] for i in drawn]
+        if any(0 < k < x.shape[-1] for k in ks) or any(p < 1 for p in ps):
+            x = _filtered(x, ks, ps)
+        cdf = x.softmax(dim=-1).cumsum(dim=-1)
+        total = cdf[:, -1:]
+        u = torch.cat([torch.rand(1, generator=generators[i], device=device) for i in drawn])
+        picked = torch.searchsorted(cdf, u[:, None] * total, right=True)[:, 0]
+        # u * total may round up to total: the last token with probability is the highest pick.
+        last = (cdf >= total).int().argmax(dim=-1)
+        tokens.update(zip(drawn, torch.minimum(picked, last).tolist(), strict=True))
+    return [tokens[i] for i in range(len(temperature))]
+
+
+def _filtered(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    """x (B, vocab) with -inf outside each row's top_k (ties with the k-th kept) and, among
+    the rest, outside its top_p nucleus: a token is dropped when the tokens ranked above it
+    already reach top_p (the first always stays)."""
+    vocab = x.shape[-1]
+    ordered, order = x.sort(dim=-1, descending=True)
+    k = torch.tensor([k if 0 < k < vocab else vocab for k in top_k], device=x.device)
+    kth = ordered.gather(1, (k - 1)[:, None])
+    ordered = ordered.masked_fill(ordered < kth, float("-inf"))
+    p = torch.tensor(top_p, device=x.device)[:, None]
+    probs = ordered.softmax(dim=-1)
+    drop = (probs.cumsum(dim=-1) - probs >= p) & (p < 1)
+    ordered = ordered.masked_fill(drop, float("-inf"))
+    return torch.full_like(x, float("-inf")).scatter(1, order, ordered)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int]) -> list[float]:

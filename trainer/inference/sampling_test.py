@@ -1,17 +1,45 @@
 import torch
 
-from trainer.inference.sampling import argmax_rows, sample_next, token_logprobs
+from trainer.inference.sampling import argmax_rows, sample, token_logprobs
+
+
+def draws(logits, temperature=1.0, top_k=0, top_p=1.0, n=200, seed=0) -> set[int]:
+    g = torch.Generator().manual_seed(seed)
+    return {sample(logits, [temperature], [top_k], [top_p], [g])[0] for _ in range(n)}
 
 
 def test_top_k_and_top_p_keep_only_the_tokens_they_should():
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.9]])
-    g = torch.Generator().manual_seed(0)
-    assert {int(sample_next(logits, 1.0, 1, 1.0, g)) for _ in range(50)} == {1}  # top-k 1
-    assert {int(sample_next(logits, 1.0, 2, 1.0, g)) for _ in range(200)} == {1, 3}
+    assert draws(logits, top_k=1, n=50) == {1}
+    assert draws(logits, top_k=2) == {1, 3}
     # Top-p 0.5: token 1 alone holds ~47% < 50%, so token 3 joins; the rest never appear.
-    assert {int(sample_next(logits, 1.0, 0, 0.5, g)) for _ in range(200)} == {1, 3}
-    assert {int(sample_next(logits, 1.0, 0, 0.01, g)) for _ in range(50)} == {1}
-    assert int(sample_next(logits, 0, 0, 1.0, g)) == 1  # temperature 0: greedy
+    assert draws(logits, top_p=0.5) == {1, 3}
+    assert draws(logits, top_p=0.01, n=50) == {1}
+    assert draws(logits) == {0, 1, 2, 3}
+    assert draws(logits, temperature=0, n=5) == {1}  # greedy
+
+
+def test_draws_follow_the_distribution():
+    logits = torch.tensor([[0.0, 1.0, 2.0]])
+    g = torch.Generator().manual_seed(0)
+    got = torch.tensor([sample(logits, [1.0], [0], [1.0], [g])[0] for _ in range(4000)])
+    freq = torch.bincount(got, minlength=3).float() / len(got)
+    assert (freq - logits[0].softmax(-1)).abs().max() < 0.03
+
+
+def test_a_rows_draws_depend_on_its_generator_not_on_the_other_rows():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 4096)
+    knobs = ([0.7, 1.0, 0.0, 1.3, 0.9, 1.0], [0, 50, 0, 10, 0, 0], [1.0, 0.9, 1.0, 0.8, 1.0, 0.5])
+
+    def gens():
+        return [torch.Generator().manual_seed(s) for s in range(6)]
+
+    together = sample(logits, *knobs, gens())
+    alone = [
+        sample(logits[i : i + 1], *([k[i]] for k in knobs), [gens()[i]])[0] for i in range(6)
+    ]
+    assert together == alone
 
 
 def test_token_logprobs_are_the_log_softmax_at_temperature_one():
