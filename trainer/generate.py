@@ -27,6 +27,8 @@ def generate(
         max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
     )
     start = time.perf_counter()
-    [done] = generate_batch(model, [Prompt(prompt)], params, eos_id=-1 if stop_id is None else stop_id, max_len=max_len)
+    [done] = generate_batch(
+        model, [Prompt(prompt)], params, eos_id=-1 if stop_id is None else stop_id, max_len=max_len
+    )
     elapsed = time.perf_counter() - start
     return done.token_ids, len(done.token_ids) / max(elapsed, 1e-9)

@@ -230,8 +230,7 @@ def run(device: torch.device, dims, args) -> list[str]:
     prompts = {}
     for name, (count, group) in SETTINGS.items():
         prompts[name] = [
-            torch.randint(3, VOCAB, (rng.randint(*PROMPT_LENGTHS),)).tolist()
-            for _ in range(count)
+            torch.randint(3, VOCAB, (rng.randint(*PROMPT_LENGTHS),)).tolist() for _ in range(count)
         ]
         speed = rollout_speed(model, prompts[name], group, args.new_tokens, args.rounds, device)
         ratio = speed["engine"] / speed["static batch"]

@@ -194,8 +194,9 @@ class Engine:
         tokens = self._sample(logits, ready)
         scored = [k for k, (_, r) in enumerate(ready) if r.params.logprobs]
         if scored:
-            rows = [ready[k][0] for k in scored]
-            for k, lp in zip(scored, token_logprobs(logits[rows], [tokens[k] for k in scored])):
+            rows = logits[[ready[k][0] for k in scored]]
+            logps = token_logprobs(rows, [tokens[k] for k in scored])
+            for k, lp in zip(scored, logps, strict=True):
                 ready[k][1].logprobs.append(lp)
         for (_, r), token in zip(ready, tokens, strict=True):
             outputs.append(self._append(r, token))

@@ -1,5 +1,6 @@
-"""The engine against a full forward per token (no cache) on the same model: continuous batching, paged blocks,
-preemption and aborts must not change what a greedy request generates."""
+"""The engine against a full forward per token (no cache) on the same model: continuous
+batching, paged blocks, preemption and aborts must not change what a greedy request
+generates."""
 
 import random
 

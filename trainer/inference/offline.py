@@ -95,8 +95,7 @@ def generate(
     while engine.has_work():
         engine.step()
     return [
-        Completion(r.output, r.text, r.finish or FinishReason.LENGTH, r.logprobs)
-        for r in requests
+        Completion(r.output, r.text, r.finish or FinishReason.LENGTH, r.logprobs) for r in requests
     ]
 
 

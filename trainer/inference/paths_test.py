@@ -25,8 +25,15 @@ from trainer.data.images import load_image
 from trainer.generate import generate as generate_job_sampling
 from trainer.inference import offline
 from trainer.inference.engine import SamplingParams
-from trainer.inference.testing import BOS, EOS, VOCAB, decode, encode, greedy_full_forward
-from trainer.inference.testing import tiny_model
+from trainer.inference.testing import (
+    BOS,
+    EOS,
+    VOCAB,
+    decode,
+    encode,
+    greedy_full_forward,
+    tiny_model,
+)
 from trainer.interop.lm_eval_adapter import KitchenLM
 from trainer.rl import policy
 from trainer.serve.api import ServedModel
@@ -132,9 +139,7 @@ def text_of(token_ids: list[int]) -> str:
 def text_paths(model, server, text: str, knobs: dict, seed: int) -> dict[str, list[int] | str]:
     """Each text path's answer to `text`: token ids where the path gives them, else text."""
     params = SamplingParams(max_tokens=NEW, seed=seed, **knobs)
-    [done] = offline.generate(
-        model, [offline.Prompt(ids(text))], params, eos_id=EOS, decode=decode
-    )
+    [done] = offline.generate(model, [offline.Prompt(ids(text))], params, eos_id=EOS, decode=decode)
     job, _ = generate_job_sampling(
         model, ids(text), NEW, seed=seed, stop_id=EOS, max_len=MAX_LEN, **knobs
     )

@@ -38,9 +38,10 @@ def sample(
     drawn = [i for i, t in enumerate(temperature) if t != 0]
     if drawn:
         device = logits.device
-        x = logits[drawn].float() / torch.tensor([temperature[i] for i in drawn], device=device)[
-            :, None
-        ]
+        x = (
+            logits[drawn].float()
+            / torch.tensor([temperature[i] for i in drawn], device=device)[:, None]
+        )
         ks, ps = [top_k[i] for i in drawn], [top_p[i] for i in drawn]
         if any(0 < k < x.shape[-1] for k in ks) or any(p < 1 for p in ps):
             x = _filtered(x, ks, ps)

@@ -30,14 +30,17 @@ def test_draws_follow_the_distribution():
 def test_a_rows_draws_depend_on_its_generator_not_on_the_other_rows():
     torch.manual_seed(0)
     logits = torch.randn(6, 4096)
-    knobs = ([0.7, 1.0, 0.0, 1.3, 0.9, 1.0], [0, 50, 0, 10, 0, 0], [1.0, 0.9, 1.0, 0.8, 1.0, 0.5])
+    temperature = [0.7, 1.0, 0.0, 1.3, 0.9, 1.0]
+    top_k = [0, 50, 0, 10, 0, 0]
+    top_p = [1.0, 0.9, 1.0, 0.8, 1.0, 0.5]
 
-    def gens():
-        return [torch.Generator().manual_seed(s) for s in range(6)]
+    def gen(seed: int) -> torch.Generator:
+        return torch.Generator().manual_seed(seed)
 
-    together = sample(logits, *knobs, gens())
+    together = sample(logits, temperature, top_k, top_p, [gen(s) for s in range(6)])
     alone = [
-        sample(logits[i : i + 1], *([k[i]] for k in knobs), [gens()[i]])[0] for i in range(6)
+        sample(logits[i : i + 1], [temperature[i]], [top_k[i]], [top_p[i]], [gen(i)])[0]
+        for i in range(6)
     ]
     assert together == alone
 

@@ -198,8 +198,12 @@ def sample(
     seeds = response_seeds(generator, len(prompts) * n)
     params = [
         SamplingParams(
-            max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            seed=seed, logprobs=True,
+            max_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            logprobs=True,
         )  # fmt: skip
         for seed in seeds
     ]
@@ -208,4 +212,3 @@ def sample(
     return Rollouts(
         [prompts[i // n] + c.token_ids for i, c in enumerate(done)], [c.logprobs for c in done]
     )
-

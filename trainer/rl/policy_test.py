@@ -7,7 +7,8 @@ import torch
 from protos import trainer_config_pb2
 from protos.defaults import with_defaults
 from trainer.generate import generate
-from trainer.inference.testing import EOS, tiny_model as wide_model
+from trainer.inference.testing import EOS
+from trainer.inference.testing import tiny_model as wide_model
 from trainer.model import Transformer
 from trainer.rl import policy
 

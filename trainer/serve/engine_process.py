@@ -33,8 +33,8 @@ import torch
 import torch.multiprocessing  # noqa: F401  # registers its tensor reducers with ForkingPickler
 
 from protos import trainer_config_pb2
-from trainer.model import Transformer
 from trainer.inference.engine import Engine, FinishReason, Output
+from trainer.model import Transformer
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ class VisionLanguageModel(nn.Module):
         positions = torch.arange(start, start + S, device=embeds.device).expand(B, S)
         cos, sin = self.lm.rope.cos_sin(positions)
         x = embeds
-        for i, layer in enumerate(self.lm.layers):
+        for layer in self.lm.layers:
             x = layer(x, cos, sin, Layout())
         return self.lm.norm(x)
 
