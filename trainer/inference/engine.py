@@ -85,7 +85,7 @@ class Request:
     generator: torch.Generator | None = None
     preemptions: int = 0
     # A VLM's image, (S, S, 3) uint8, read at the first positions of `prompt` (their ids are
-    # placeholders: trainer/serve/images.py), and its projected tokens once encoded: kept
+    # IMAGE_PLACEHOLDER), and its projected tokens once encoded: kept
     # across a preemption, so a recompute prefills the same vectors without the encoder.
     image: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None

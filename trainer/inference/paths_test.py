@@ -1,6 +1,6 @@
 """Every decode path gives the same output on the same prompts: the offline API, the GENERATE
-job's function, VLM generation, RL sampling, eval's generate_until and the serve job over HTTP,
-greedy and seeded sampling, text prompts and an image.
+job's function, VLM generation, RL sampling, eval's generate_until, the VLM eval's answers and
+the serve job over HTTP, greedy and seeded sampling, text prompts and an image.
 
 The models are inference/testing.py's tiny text model and a tiny VLM built the same way: random
 weights spread wide, so that greedy choices are decided by the model (not float rounding) and
@@ -41,6 +41,7 @@ from trainer.serve.images import PromptImages
 from trainer.serve.server import Server
 from trainer.serve.testing import start_server
 from trainer.vlm.ask import image_message
+from trainer.vlm.evaluate import answer
 from trainer.vlm.generate import generate as vlm_generate
 from trainer.vlm.model import VisionLanguageModel
 
@@ -217,5 +218,9 @@ def test_every_image_path_gives_the_same_answer(vlm, vlm_server, knobs):
             "offline text": done.text,
             "serve (HTTP chat)": served["choices"][0]["message"]["content"],
         }
+        if knobs is GREEDY:  # the VLM eval's answers: greedy, <eos> left out
+            [evaluated] = answer(vlm, image[None], torch.tensor([ids(QUESTION)]), NEW, EOS)
+            got["vlm eval answer"] = decode(evaluated)
+            assert evaluated == [t for t in done.token_ids if t != EOS]
         answers.append(assert_all_agree(got))
     assert len({tuple(a) for a in answers}) == 3  # the image decides the answer
