@@ -111,7 +111,10 @@ def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_batch(model):
     prompt = prompts(1, seed=3)[0]
     params = SamplingParams(max_tokens=15, temperature=0.9, top_k=20, top_p=0.9, seed=7)
     engine = make_engine(model)
-    others = [greedy(p, i + 1) for i, p in enumerate(prompts(5, seed=4))]
+    others = [greedy(p, i + 1) for i, p in enumerate(prompts(3, seed=4))]
+    for i, p in enumerate(prompts(3, seed=8)):  # sampled beside it, with other settings
+        knobs = SamplingParams(max_tokens=10 + i, temperature=1.2, top_p=0.5 + i / 10, seed=i)
+        others.append(Request(f"o{i}", p, knobs))
     got = run_all(engine, [Request("s", prompt, params), *others])
     want, _ = generate(  # alone in an engine of its own
         model,
