@@ -224,6 +224,10 @@ def run(device: torch.device, dims, args) -> list[str]:
         f"{args.new_tokens} new tokens each, temperature 1, no EOS, median of {args.rounds} "
         "alternating rounds.",
         "",
+        "The engine decodes every sequence of a rollout in each step whatever its prompt's "
+        "length (the baseline: one batch per prompt length, each to the end), and draws a token "
+        "with one uniform number per row (the baseline: torch.multinomial).",
+        "",
         "| setting | static batch (baseline) tokens/s | engine tokens/s | engine / baseline |",
         "|---|---|---|---|",
     ]
