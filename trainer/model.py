@@ -79,17 +79,6 @@ Head = Callable[["Transformer", torch.Tensor], torch.Tensor]
 """What a forward returns from the final hidden states (B, T, dim), given the model."""
 
 
-class KVCache:
-    """Keys and values of every layer for incremental decoding; `pos` tokens are filled."""
-
-    def __init__(self, model: "Transformer", batch: int, max_len: int, device, dtype):
-        a = model.layers[0].attention
-        shape = (batch, max_len, a.n_kv_heads, a.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
-        self.pos = 0
-
-
 class Attention(nn.Module):
     def __init__(self, cfg, ops):
         super().__init__()
@@ -103,7 +92,7 @@ class Attention(nn.Module):
         # Context parallel (trainer/parallel/context.py): gathers every rank's keys and values.
         self.context: nn.Module | None = None
 
-    def forward(self, x, cos, sin, layout: Layout, cache: KVCache | None = None, layer=0):
+    def forward(self, x, cos, sin, layout: Layout):
         B, S, _ = x.shape
         q = self.wq(x).view(B, S, self.n_heads, self.head_dim)
         k = self.wk(x).view(B, S, self.n_kv_heads, self.head_dim)
@@ -113,8 +102,6 @@ class Attention(nn.Module):
             k, v = self.context(k), self.context(v)
         if layout.cu_seqlens is not None:
             out = _varlen(q, k, v, layout)
-        elif cache is not None:
-            out = self._attend_cached(q, k, v, cache, layer)
         else:
             mask = layout.mask
             out = F.scaled_dot_product_attention(
@@ -126,21 +113,6 @@ class Attention(nn.Module):
                 enable_gqa=self.n_kv_heads != self.n_heads,
             ).transpose(1, 2)
         return self.wo(out.reshape(B, S, -1))
-
-    def _attend_cached(self, q, k, v, cache: KVCache, layer: int):
-        S, pos = q.shape[1], cache.pos
-        cache.k[layer][:, pos : pos + S] = k
-        cache.v[layer][:, pos : pos + S] = v
-        keys, values = cache.k[layer][:, : pos + S], cache.v[layer][:, : pos + S]
-        # Query i sits at position pos + i and sees every key up to there.
-        mask = torch.ones(S, pos + S, dtype=torch.bool, device=q.device).tril(pos)
-        return F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            keys.transpose(1, 2),
-            values.transpose(1, 2),
-            attn_mask=mask,
-            enable_gqa=self.n_kv_heads != self.n_heads,
-        ).transpose(1, 2)
 
 
 def _varlen(q, k, v, layout: Layout):
@@ -176,21 +148,20 @@ class Block(nn.Module):
         self.feed_forward = moe.feed_forward(cfg, ops, layer)  # SwiGLU MLP, or experts
         self.recompute = recompute  # "NONE", "SELECTIVE" (attention) or "FULL" (the block)
 
-    def _attend(self, x, cos, sin, layout, cache=None, layer=0):
-        return self.attention(self.attention_norm(x), cos, sin, layout, cache, layer)
+    def _attend(self, x, cos, sin, layout):
+        return self.attention(self.attention_norm(x), cos, sin, layout)
 
-    def _forward(self, x, cos, sin, layout, cache=None, layer=0):
+    def _forward(self, x, cos, sin, layout):
         if self.recompute == "SELECTIVE" and torch.is_grad_enabled():
             h = x + checkpoint(self._attend, x, cos, sin, layout, use_reentrant=False)
         else:
-            h = x + self._attend(x, cos, sin, layout, cache, layer)
+            h = x + self._attend(x, cos, sin, layout)
         return h + self.feed_forward(self.ffn_norm(h))
 
-    def forward(self, x, cos, sin, layout: Layout, cache: KVCache | None = None, layer=0):
-        """`cache` (generation, no gradients) holds the keys and values of layer `layer`."""
+    def forward(self, x, cos, sin, layout: Layout):
         if self.recompute == "FULL" and torch.is_grad_enabled():
             return checkpoint(self._forward, x, cos, sin, layout, use_reentrant=False)
-        return self._forward(x, cos, sin, layout, cache, layer)
+        return self._forward(x, cos, sin, layout)
 
 
 class Transformer(nn.Module):
@@ -220,29 +191,22 @@ class Transformer(nn.Module):
             else:
                 p.normal_(0.0, 0.02)
 
-    def hidden(self, input_ids, position_ids, layout: Layout | None = None, cache=None):
+    def hidden(self, input_ids, position_ids, layout: Layout | None = None):
         """The final normed hidden states, (B, T, dim)."""
         layout = layout or Layout()
         cos, sin = self.rope.cos_sin(position_ids)  # once per step, shared by every layer
         x = self.tok_embeddings(input_ids)
-        for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, layout, cache, i)
-        if cache is not None:
-            cache.pos += input_ids.shape[1]
+        for layer in self.layers:
+            x = layer(x, cos, sin, layout)
         return self.norm(x)
 
     def forward(
-        self,
-        input_ids,
-        position_ids,
-        layout: Layout | None = None,
-        head: "Head | None" = None,
-        cache=None,
+        self, input_ids, position_ids, layout: Layout | None = None, head: "Head | None" = None
     ):
         """Logits (B, T, vocab) in fp32, or `head(self, hidden)` of the final hidden states:
         what a recipe computes from them (trainer/lm_loss.py's summed cross entropy, a scalar
         head's scores, ...). Through `forward`, so a DDP or FSDP wrapper sees the whole pass."""
-        h = self.hidden(input_ids, position_ids, layout, cache)
+        h = self.hidden(input_ids, position_ids, layout)
         if head is not None:
             return head(self, h)
         return F.linear(h, self.output.weight).float()

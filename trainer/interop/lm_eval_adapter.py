@@ -6,8 +6,8 @@ Every request is scored as Kitchen's model saw its documents: `<bos>` first, the
   end (its trailing whitespace moved to the continuation), as the harness's HF model does.
 - loglikelihood_rolling(text): log p(text | <bos>), in windows of the model's context length,
   each window conditioned on the tokens before it (the harness's rolling windows).
-- generate_until(context, {until, max_gen_toks}): greedy decoding with the KV cache, cut at
-  the first stop string.
+- generate_until(context, {until, max_gen_toks}): greedy decoding of every request as one
+  batch on the inference engine (trainer/inference/offline.py), cut at the first stop string.
 """
 
 import torch
@@ -16,7 +16,8 @@ from lm_eval.api.model import LM
 from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
 
 from trainer.data.tokenizer import Tokenizer
-from trainer.generate import generate
+from trainer.inference import offline
+from trainer.inference.engine import SamplingParams
 
 DEFAULT_MAX_GEN_TOKS = 256
 
@@ -84,24 +85,19 @@ class KitchenLM(LM):
         return out
 
     def generate_until(self, requests) -> list[str]:
-        out = []
+        prompts, params = [], []
         for r in requests:
             context, kwargs = r.args
             until = kwargs.get("until") or []
             until = [until] if isinstance(until, str) else list(until)
             limit = int(kwargs.get("max_gen_toks", DEFAULT_MAX_GEN_TOKS))
             keep = max(1, self.max_len - limit)  # room for the answer within the context length
-            prompt = ([self.tokenizer.bos_id] + self.tokenizer.encode(context))[-keep:]
-            new, _ = generate(
-                self.model,
-                prompt,
-                limit,
-                temperature=0,
-                stop_id=self.tokenizer.eos_id,
-                max_len=self.max_len,
-            )
-            text = self.tokenizer.decode(new)
-            for stop in until:
-                text = text.split(stop, 1)[0]
-            out.append(text)
-        return out
+            ids = ([self.tokenizer.bos_id] + self.tokenizer.encode(context))[-keep:]
+            prompts.append(offline.Prompt(ids))
+            stop = tuple(s for s in until if s)
+            params.append(SamplingParams(max_tokens=limit, temperature=0, stop=stop))
+        done = offline.generate(
+            self.model, prompts, params, eos_id=self.tokenizer.eos_id, max_len=self.max_len,
+            decode=self.tokenizer.decode,
+        )  # fmt: skip
+        return [c.text for c in done]

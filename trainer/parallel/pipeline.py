@@ -84,7 +84,7 @@ class Stage(nn.Module):
         cos, sin = self.rope.cos_sin(position_ids)
         mask = self.layout_fn(document_ids)
         for block in self.blocks:
-            x = block(x, cos, sin, mask, None, 0)
+            x = block(x, cos, sin, mask)
         if self.norm is None or self.output is None:
             return x, position_ids, document_ids
         return torch.nn.functional.linear(self.norm(x), self.output.weight).float()

@@ -24,8 +24,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-# A block and its attention are called with (x, cos, sin, layout, cache, layer): only x moves.
-REST = (None,) * 5
+# A block and its attention are called with (x, cos, sin, layout): only x moves.
+REST = (None,) * 3
 
 
 def apply(model: nn.Module, tp: DeviceMesh, sequence_parallel: bool) -> None:

@@ -60,9 +60,10 @@ class Policy:
         rl: trainer_config_pb2.RlConfig,
         generator: torch.Generator,
     ) -> tuple[list[list[int]], list[int], list[str]]:
-        """`per_prompt` responses to each prompt from `lm` (trainer.rl's length and
-        temperature): (sequences, where each response starts, each response's text). Response
-        i answers prompts[i // per_prompt]."""
+        """`per_prompt` responses to each prompt from `lm`, sampled by the inference engine
+        from its live weights (trainer.rl's length and temperature; policy.sample): (sequences,
+        where each response starts, each response's text). Response i answers
+        prompts[i // per_prompt]."""
         ids = [self.prompt_ids(p) for p in prompts]
         out = policy.sample(
             lm,
@@ -73,7 +74,7 @@ class Policy:
             eos_id=self.tokenizer.eos_id,
             generator=generator,
             max_len=self.max_len,
-        )
+        ).sequences
         starts = [len(ids[i // per_prompt]) for i in range(len(out))]
         texts = [self.tokenizer.decode(o[s:]) for o, s in zip(out, starts, strict=True)]
         return out, starts, texts

@@ -1,11 +1,10 @@
 """Models of an RLHF job: checkpoints checked against each other, sequences laid out the way
 SFT trained them (`<bos> prompt response <eos>`, trainer/data/tokenized.py), their per-token
-log-probabilities, a scalar head (reward model, value function) and batched sampling with the
-KV cache (trainer/generate.py's `sample_next`, one forward per new token for the whole batch).
+log-probabilities, a scalar head (reward model, value function) and rollouts sampled by the
+inference engine (trainer/inference/offline.py) from the policy's live weights.
 """
 
 import dataclasses
-from collections import defaultdict
 from pathlib import Path
 
 import torch
@@ -16,8 +15,9 @@ from google.protobuf import json_format
 from protos import trainer_config_pb2
 from protos.config_yaml import ConfigError
 from trainer import checkpoint
-from trainer.generate import sample_next
-from trainer.model import KVCache, Transformer
+from trainer.inference import offline
+from trainer.inference.engine import SamplingParams
+from trainer.model import Transformer
 
 HEAD_FILE = "head.pt"  # a REWARD checkpoint's scalar head, beside model.pt
 
@@ -183,6 +183,21 @@ def scores(model: nn.Module, batch: Batch, head: ScalarHead | None = None) -> to
     return model(batch.ids, _positions(batch.ids), None, head=at_last)
 
 
+@dataclasses.dataclass
+class Rollouts:
+    """Sampled sequences, row i * n + j prompt i's j-th: `<bos> prompt response`, the response
+    ending in EOS when the policy ended it, and the engine's log pi(token) at temperature 1 of
+    each response token: what `token_logps` recomputes from the same weights."""
+
+    sequences: list[list[int]]
+    logprobs: list[list[float]]
+
+
+def response_seeds(generator: torch.Generator, count: int) -> list[int]:
+    """The engine seeds of `count` responses, drawn from the job's generator."""
+    return torch.randint(2**62, (count,), generator=generator, device=generator.device).tolist()
+
+
 @torch.no_grad()
 def sample(
     model: Transformer,
@@ -194,34 +209,27 @@ def sample(
     eos_id: int,
     generator: torch.Generator,
     max_len: int,
-) -> list[list[int]]:
-    """`n` responses to each prompt (full token ids, BOS included), prompt by prompt: row
-    i * n + j is prompt i's j-th. Prompts of one length decode together as one batch; a row
-    ends at EOS (kept) or after `max_new_tokens`."""
-    device = next(model.parameters()).device
-    dtype = next(model.parameters()).dtype
-    out: list[list[int]] = [[] for _ in range(len(prompts) * n)]
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for i, p in enumerate(prompts):
-        by_length[len(p)].append(i)
-    for length, members in by_length.items():
-        rows = [i * n + j for i in members for j in range(n)]
-        ids = torch.tensor([prompts[i] for i in members for _ in range(n)], device=device)
-        new = min(max_new_tokens, max_len - length)
-        cache = KVCache(model, len(rows), length + new, device, dtype)
-        done = torch.zeros(len(rows), dtype=torch.bool, device=device)
-        steps: list[torch.Tensor] = []
-        for _ in range(new):
-            logits = model(ids, _positions(ids, cache.pos), cache=cache)[:, -1]
-            token = sample_next(logits, temperature, 0, 1.0, generator)
-            token = torch.where(done, torch.full_like(token, eos_id), token)
-            steps.append(token)
-            done |= token == eos_id
-            if bool(done.all()):
-                break
-            ids = token[:, None]
-        generated = torch.stack(steps, 1).tolist() if steps else [[] for _ in rows]
-        for row, tokens in zip(rows, generated, strict=True):
-            end = tokens.index(eos_id) + 1 if eos_id in tokens else len(tokens)
-            out[row] = prompts[row // n] + tokens[:end]
-    return out
+    top_k: int = 0,
+    top_p: float = 1.0,
+) -> Rollouts:
+    """`n` responses to each prompt (full token ids, BOS included) from the inference engine,
+    reading `model`'s parameters in place (no copy). Each response is a request with its own
+    seed drawn from `generator`: the same generator state draws the same responses whatever
+    the batch. RlConfig has no top_k/top_p: RL samples the whole distribution (0 and 1)."""
+    seeds = response_seeds(generator, len(prompts) * n)
+    params = [
+        SamplingParams(
+            max_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            logprobs=True,
+        )  # fmt: skip
+        for seed in seeds
+    ]
+    asked = [offline.Prompt(prompts[i // n]) for i in range(len(seeds))]
+    done = offline.generate(model, asked, params, eos_id=eos_id, max_len=max_len)
+    return Rollouts(
+        [prompts[i // n] + c.token_ids for i, c in enumerate(done)], [c.logprobs for c in done]
+    )

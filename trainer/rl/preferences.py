@@ -82,7 +82,7 @@ def make(args, log=print) -> int:
             job.actor.model, ids, n, args.max_new_tokens,
             temperature=args.temperature, eos_id=job.tokenizer.eos_id,
             generator=generator, max_len=job.max_len,
-        )  # fmt: skip
+        ).sequences  # fmt: skip
         starts = [len(ids[k // n]) for k in range(len(sampled))]
         texts = [job.tokenizer.decode(s[b:]) for s, b in zip(sampled, starts, strict=True)]
         scores = score([chunk[k // n] for k in range(len(sampled))], texts, sampled, starts)

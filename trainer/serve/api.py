@@ -25,10 +25,9 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from trainer.serve.engine import Output, SamplingParams
-from trainer.serve.engine import Request as EngineRequest
+from trainer.inference.engine import IMAGE_PLACEHOLDER, Output, SamplingParams
+from trainer.inference.engine import Request as EngineRequest
 from trainer.serve.images import (
-    IMAGE_PLACEHOLDER,
     ImageInputError,
     ImagePart,
     PromptImages,

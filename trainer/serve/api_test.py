@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from trainer.generate import generate
+from trainer.inference.testing import BOS, EOS, VOCAB, decode, encode, tiny_model
 from trainer.serve.engine_process import dumps
 from trainer.serve.runner import Latency
-from trainer.serve.testing import BOS, EOS, VOCAB, decode, encode, start_server, tiny_model
+from trainer.serve.testing import start_server
 
 torch.set_num_threads(1)  # tiny ops: several threads only spin on a shared machine
 

@@ -33,13 +33,13 @@ import torch
 import torch.multiprocessing  # noqa: F401  # registers its tensor reducers with ForkingPickler
 
 from protos import trainer_config_pb2
+from trainer.inference.engine import Engine, FinishReason, Output
 from trainer.model import Transformer
-from trainer.serve.engine import Engine, FinishReason, Output
 
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What the engine process builds its Engine from (trainer/serve/engine.py's arguments)."""
+    """What the engine process builds its Engine from (trainer/inference/engine.py's arguments)."""
 
     model: Transformer
     cfg: trainer_config_pb2.ServeConfig  # with defaults applied

@@ -25,9 +25,6 @@ from trainer.data.images import load_image
 
 MAX_IMAGES = 1  # the VLM trained with one image in front of the text
 MAX_IMAGE_BYTES = 20 * 2**20  # of one decoded image file (OpenAI's limit, 20 MB)
-# The token id at an image's positions of a request's token list: any valid id, its
-# embedding is replaced by the image's (trainer/serve/paged_model.py).
-IMAGE_PLACEHOLDER = 0
 
 
 class ImageInputError(ValueError):

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from trainer.serve.engine import FinishReason, Output, Request
+from trainer.inference.engine import FinishReason, Output, Request
 from trainer.serve.engine_process import (
     STOPPED,
     Command,

@@ -14,7 +14,7 @@ import mimetypes
 import openai
 
 from protos.paths import user_path
-from trainer.serve.bench.load import wait_healthy
+from trainer.serve.endpoint import wait_healthy
 
 
 def data_url(image: bytes, media: str = "image/png") -> str:

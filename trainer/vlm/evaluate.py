@@ -14,24 +14,24 @@ import torch
 
 from trainer.data.image_loader import ImageSplit
 from trainer.data.tokenizer import load_tokenizer
+from trainer.inference import offline
+from trainer.inference.engine import FinishReason, SamplingParams
 
 REPORT = "vlm_eval.json"
 BATCH = 64
 
 
-@torch.no_grad()
 def answer(
     model, images: torch.Tensor, prompts: torch.Tensor, max_new: int, eos_id: int
 ) -> list[list[int]]:
-    """Greedy answers (token ids, <eos> excluded) to equal-length prompts, one per image."""
-    ids = prompts
-    for _ in range(max_new):
-        logits = model(images, ids)[:, -1]
-        ids = torch.cat([ids, logits.argmax(-1, keepdim=True)], 1)
-    out = []
-    for row in ids[:, prompts.shape[1] :].tolist():
-        out.append(row[: row.index(eos_id)] if eos_id in row else row)
-    return out
+    """Greedy answers (token ids, <eos> excluded) to prompts, one per image, decoded together
+    on the inference engine (trainer/inference/offline.py)."""
+    asked = [offline.Prompt(p, image) for p, image in zip(prompts.tolist(), images, strict=True)]
+    done = offline.generate(
+        model.lm, asked, SamplingParams(max_tokens=max_new, temperature=0), eos_id=eos_id,
+        embed_images=model.embed_images, image_tokens=model.image_tokens,
+    )  # fmt: skip
+    return [c.token_ids[:-1] if c.finish is FinishReason.STOP else c.token_ids for c in done]
 
 
 def _questions(split: ImageSplit, eos_id: int):

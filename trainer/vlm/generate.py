@@ -1,38 +1,27 @@
-"""Sampling with an image in front of the prompt: the image and prompt fill the KV cache in one
-forward, then one cached forward per new token (trainer/generate.py's sampler)."""
+"""Sampling with an image in front of the prompt: one request with an image through the
+inference engine's offline API (trainer/inference/offline.py), as the text GENERATE job."""
 
 import time
 
 import torch
 
 from protos.trainer_config_pb2 import GenerateConfig
-from trainer.generate import sample_next
-from trainer.model import KVCache
+from trainer.inference.engine import SamplingParams
+from trainer.inference.offline import Prompt
+from trainer.inference.offline import generate as generate_batch
 
 
-@torch.no_grad()
 def generate(model, image: torch.Tensor, prompt: list[int], g: GenerateConfig, stop_id: int):
-    """(new token ids, tokens/s) after `image` (S, S, 3 uint8) and `prompt`."""
-    device = next(model.parameters()).device
-    lm = model.lm
-    room = lm.rope.cos.shape[0] - model.image_tokens - len(prompt)
-    steps = min(g.max_new_tokens, room)
-    if steps <= 0:
-        return [], 0.0
-    cache = KVCache(lm, 1, model.image_tokens + len(prompt) + steps, device, lm.output.weight.dtype)
-    generator = torch.Generator(device=device).manual_seed(g.seed)
-    ids = torch.tensor([prompt], device=device)
-    embeds = torch.cat([model.embed_images(image[None].to(device)), lm.tok_embeddings(ids)], 1)
+    """(new token ids, the stop token last when it ended them; tokens/s) after `image`
+    (S, S, 3 uint8) and `prompt`."""
+    max_len = model.lm.rope.cos.shape[0]
+    params = SamplingParams(
+        max_tokens=g.max_new_tokens, temperature=g.temperature, top_k=g.top_k, top_p=g.top_p,
+        seed=g.seed,
+    )  # fmt: skip
     start = time.perf_counter()
-    h = model.hidden(embeds, 0, cache)
-    out: list[int] = []
-    for _ in range(steps):
-        logits = torch.nn.functional.linear(h[:, -1], lm.output.weight).float()
-        token = int(sample_next(logits, g.temperature, g.top_k, g.top_p, generator))
-        if token == stop_id:
-            break
-        out.append(token)
-        h = model.hidden(
-            lm.tok_embeddings(torch.tensor([[token]], device=device)), cache.pos, cache
-        )
-    return out, len(out) / max(time.perf_counter() - start, 1e-9)
+    [done] = generate_batch(
+        model.lm, [Prompt(prompt, image)], params, eos_id=stop_id, max_len=max_len,
+        embed_images=model.embed_images, image_tokens=model.image_tokens,
+    )  # fmt: skip
+    return done.token_ids, len(done.token_ids) / max(time.perf_counter() - start, 1e-9)

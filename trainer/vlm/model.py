@@ -46,17 +46,15 @@ class VisionLanguageModel(nn.Module):
         """(B, S, S, 3) uint8 -> (B, image_tokens, lm dim)."""
         return self.projector(self.encoder(images))
 
-    def hidden(self, embeds: torch.Tensor, start: int = 0, cache=None) -> torch.Tensor:
+    def hidden(self, embeds: torch.Tensor, start: int = 0) -> torch.Tensor:
         """The LM's blocks over input embeddings at positions start.. (Transformer.hidden takes
         token ids; the image tokens have none)."""
         B, S, _ = embeds.shape
         positions = torch.arange(start, start + S, device=embeds.device).expand(B, S)
         cos, sin = self.lm.rope.cos_sin(positions)
         x = embeds
-        for i, layer in enumerate(self.lm.layers):
-            x = layer(x, cos, sin, Layout(), cache, i)
-        if cache is not None:
-            cache.pos += S
+        for layer in self.lm.layers:
+            x = layer(x, cos, sin, Layout())
         return self.lm.norm(x)
 
     def forward(self, images, input_ids, head: Head | None = None):

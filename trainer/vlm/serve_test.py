@@ -24,10 +24,10 @@ from protos.validation import validate_job_spec
 from trainer import distributed, main
 from trainer.data.images import load_image
 from trainer.data.tokenizer import load_tokenizer
+from trainer.inference.engine import IMAGE_PLACEHOLDER, Engine, Request, SamplingParams
+from trainer.inference.testing import serve_config
 from trainer.jobs.context import JobContext
-from trainer.serve.engine import Engine, Request, SamplingParams
-from trainer.serve.images import IMAGE_PLACEHOLDER
-from trainer.serve.testing import serve_config, wait_for_endpoint
+from trainer.serve.testing import wait_for_endpoint
 from trainer.testing import start_trainer, write_job
 from trainer.vlm import scenes
 from trainer.vlm.ask import data_url, image_message

@@ -15,9 +15,10 @@ import socket
 import statistics
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from urllib.parse import urlparse
+
+from trainer.serve.endpoint import wait_healthy
 
 
 @dataclass
@@ -193,20 +194,6 @@ def _p50_p99(values: list[float]) -> tuple[float, float]:
         return (values[0], values[0]) if values else (float("nan"), float("nan"))
     q = statistics.quantiles(values, n=100, method="inclusive")
     return q[49], q[98]
-
-
-def wait_healthy(endpoint: str, seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            with urllib.request.urlopen(endpoint + "/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        if time.monotonic() > deadline:
-            raise SystemExit(f"error: {endpoint}/health did not answer within {seconds:.0f} s")
-        time.sleep(1.0)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,9 @@ from one request to the next, and a refused request raised with its status."""
 import pytest
 import torch
 
+from trainer.inference.testing import VOCAB, tiny_model
 from trainer.serve.bench import load
-from trainer.serve.testing import VOCAB, start_server, tiny_model
+from trainer.serve.testing import start_server
 
 torch.set_num_threads(1)
 

@@ -19,10 +19,10 @@ import torch
 
 from protos import defaults, trainer_config_pb2
 from trainer.bench.machine import cpu_ticks, stolen_share
+from trainer.inference.engine import Engine, Request, SamplingParams
+from trainer.inference.kv_cache import PagedKVCache
+from trainer.inference.paged_model import StepBatch
 from trainer.serve.bench.serve_bench import VOCAB, bench_model
-from trainer.serve.engine import Engine, Request, SamplingParams
-from trainer.serve.kv_cache import PagedKVCache
-from trainer.serve.paged_model import StepBatch
 
 # The parts of a step: functions whose cumulative time is counted (disjoint: none calls
 # another), and the two tensor ops that do the arithmetic.

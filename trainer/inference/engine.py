@@ -1,4 +1,7 @@
-"""The serving engine: continuous batching over a paged KV cache. Pure: no HTTP, no threads.
+"""Kitchen's one inference engine: continuous batching over a paged KV cache. Pure: no HTTP,
+no threads, no processes. Every decode path runs on it: the serve job (trainer/serve/ around
+it), and through the offline batch API (offline.py) the GENERATE job, VLM generation, eval's
+generation tasks and RL rollouts. It reads the model's live parameters: nothing is copied.
 
 `step()` is one iteration of the model over the running batch. Between steps requests join
 (admitted from the queue while there are free blocks and token budget) and leave (finished,
@@ -14,6 +17,12 @@ blocks free up. Nothing is dropped; its generated tokens and its sampler's state
 A served VLM's request carries an image (#16): the step that first schedules it runs the
 encoder over every new image in one batch, and the projected vectors fill the request's first
 positions as it prefills, chunked and cached in blocks like text, kept across a preemption.
+
+One rule for every path: a request stops at the model's end of text (`eos_id`) or one of its
+`stop_token_ids`, and that token is part of its generated ids (an RL sequence is `<bos> prompt
+response <eos>`) but never of its text; sampling is sampling.py's (temperature 0 greedy, top-k,
+top-p, a generator per request seeded by its own seed, so its draws do not depend on what else
+is in the batch); with `logprobs`, each sampled token's log-probability at temperature 1.
 """
 
 import enum
@@ -26,21 +35,27 @@ from typing import NamedTuple
 import torch
 
 from protos import trainer_config_pb2
-from trainer.generate import sample_next
+from trainer.inference.kv_cache import PagedKVCache
+from trainer.inference.paged_model import Run, forward_step
+from trainer.inference.sampling import argmax_rows, sample, token_logprobs
 from trainer.model import Transformer
-from trainer.serve.kv_cache import PagedKVCache
-from trainer.serve.paged_model import Run, forward_step
+
+# The token id at an image's positions of a request's token list: any valid id, its embedding
+# is replaced by the image's (paged_model.py).
+IMAGE_PLACEHOLDER = 0
 
 
 class FinishReason(enum.Enum):
-    STOP = "stop"  # end of text or a stop string
+    STOP = "stop"  # end of text, a stop token or a stop string
     LENGTH = "length"  # max_tokens, or the model's context is full
     ABORT = "abort"  # the client went away
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Per request: temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+    """Per request: temperature 0 is greedy; top_k 0 and top_p 1 disable those filters; a
+    seed makes the draws reproducible; `stop_token_ids` end it as the model's end of text
+    does; `logprobs` keeps each sampled token's log-probability (sampling.py)."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -48,6 +63,8 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    logprobs: bool = False
 
 
 @dataclass(eq=False)  # compared by identity: the queues look requests up often
@@ -57,6 +74,7 @@ class Request:
     params: SamplingParams
     arrived: float = field(default_factory=time.monotonic)
     output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # of each output token, when asked
     text: str = ""  # decoded output, up to a stop string
     sent: int = 0  # characters of `text` already handed out
     decoded_from: int = 0  # incremental detokenization: output[decoded_from:decoded_to] is
@@ -67,7 +85,7 @@ class Request:
     generator: torch.Generator | None = None
     preemptions: int = 0
     # A VLM's image, (S, S, 3) uint8, read at the first positions of `prompt` (their ids are
-    # placeholders: trainer/serve/images.py), and its projected tokens once encoded: kept
+    # IMAGE_PLACEHOLDER), and its projected tokens once encoded: kept
     # across a preemption, so a recompute prefills the same vectors without the encoder.
     image: torch.Tensor | None = None
     image_embeds: torch.Tensor | None = None
@@ -109,7 +127,7 @@ class Engine:
         """`cfg` is a ServeConfig with defaults applied; `max_len` the model's positions;
         `embed_images` a VLM's encoder and projector, (B, S, S, 3) uint8 -> (B, image tokens,
         dim) (None: a text model)."""
-        self.model = model.eval()
+        self.model = model  # its live parameters: the engine copies no weights
         self.embed_images = embed_images
         self.cfg, self.decode, self.eos_id, self.max_len = cfg, decode, eos_id, max_len
         p = next(model.parameters())
@@ -173,7 +191,14 @@ class Engine:
             r.computed += n
             if r.computed == r.length:  # else a prefill chunk: the prompt is not all read yet
                 ready.append((i, r))
-        for (_, r), token in zip(ready, self._sample(logits, ready), strict=True):
+        tokens = self._sample(logits, ready)
+        scored = [k for k, (_, r) in enumerate(ready) if r.params.logprobs]
+        if scored:
+            rows = logits[[ready[k][0] for k in scored]]
+            logps = token_logprobs(rows, [tokens[k] for k in scored])
+            for k, lp in zip(scored, logps, strict=True):
+                ready[k][1].logprobs.append(lp)
+        for (_, r), token in zip(ready, tokens, strict=True):
             outputs.append(self._append(r, token))
         if any(r.finish is not None for r in self.running):
             self.running = [r for r in self.running if r.finish is None]
@@ -187,18 +212,18 @@ class Engine:
 
     @staticmethod
     def _sample(logits: torch.Tensor, ready: list[tuple[int, Request]]) -> list[int]:
-        """The next token of each ready request: the greedy ones with one argmax over their
-        rows, the others one by one (each has its own seeded generator and filters)."""
-        greedy = [i for i, r in ready if r.params.temperature == 0]
-        if len(greedy) == len(ready) == len(logits):
-            return argmax_rows(logits).tolist()
-        tokens = dict(zip(greedy, argmax_rows(logits[greedy]).tolist(), strict=True))
-        for i, r in ready:
-            if i not in tokens:
-                p = r.params
-                row = logits[i : i + 1]
-                tokens[i] = int(sample_next(row, p.temperature, p.top_k, p.top_p, r.generator)[0])
-        return [tokens[i] for i, _ in ready]
+        """The next token of each ready request, each with its own params and generator."""
+        if len(ready) == len(logits) and all(r.params.temperature == 0 for _, r in ready):
+            return argmax_rows(logits).tolist()  # all greedy: one argmax over every row
+        rows = logits[[i for i, _ in ready]]
+        params = [r.params for _, r in ready]
+        return sample(
+            rows,
+            [p.temperature for p in params],
+            [p.top_k for p in params],
+            [p.top_p for p in params],
+            [r.generator for _, r in ready],
+        )
 
     @torch.no_grad()
     def _encode_images(self, requests: list[Request]) -> None:
@@ -281,13 +306,13 @@ class Engine:
         p = r.params
         r.output.append(token)
         r.length += 1
-        finish = None
-        if token == self.eos_id:
-            finish = FinishReason.STOP
-        elif len(r.output) >= p.max_tokens or r.length >= self.max_len:
+        stopped = token == self.eos_id or token in p.stop_token_ids
+        finish = FinishReason.STOP if stopped else None
+        if not stopped and (len(r.output) >= p.max_tokens or r.length >= self.max_len):
             finish = FinishReason.LENGTH
         searched = len(r.text)
-        self._detokenize(r, final=finish is not None)
+        # The stop token ends the ids; it never shows in the text.
+        self._detokenize(r, final=finish is not None, end=len(r.output) - stopped)
         ready = len(r.text)
         if p.stop:
             ready, finish = _stop_strings(r, p.stop, searched, finish)
@@ -296,43 +321,23 @@ class Engine:
             self._end(r, finish)
         return Output(r.id, delta, [token], finish)
 
-    def _detokenize(self, r: Request, final: bool) -> None:
+    def _detokenize(self, r: Request, final: bool, end: int) -> None:
         """Extends r.text with its new tokens' text, decoding only the tokens since the last
         complete character plus the ones before them (vLLM's incremental detokenization):
         decoding the whole output every token costs O(length) per token. Text that ends in
         half a character (U+FFFD) waits for the next token, unless this is the last one."""
-        window = r.output[r.decoded_from :]
+        window = r.output[r.decoded_from : end]
         before = self.decode(window[: r.decoded_to - r.decoded_from])
         text = self.decode(window)
         if len(text) > len(before) and (final or not text.endswith("\ufffd")):
             r.text += text[len(before) :]
-            r.decoded_from, r.decoded_to = r.decoded_to, len(r.output)
+            r.decoded_from, r.decoded_to = r.decoded_to, end
 
     def _end(self, r: Request, finish: FinishReason) -> None:
         r.finish = finish
         r.image_embeds = None
         self.cache.release(r.table)
         self.finished += 1
-
-
-ARGMAX_BLOCK = 64
-
-
-def argmax_rows(logits: torch.Tensor) -> torch.Tensor:
-    """logits.argmax(dim=-1), the same index (the first of ties), faster for many rows.
-
-    PyTorch's CPU argmax walks a row one element at a time (~150 us for 32 rows of 4096 here),
-    while max reductions are vectorized. So: the max of each block of 64 logits, the first
-    block holding the row's max (argmax over 64x fewer values), then the first max inside that
-    block: the first index of the row's max, as argmax gives. About 5x faster at 32 rows; one
-    row, or a vocabulary not in whole blocks, takes plain argmax."""
-    rows, vocab = logits.shape
-    if rows < 8 or vocab % ARGMAX_BLOCK:
-        return logits.argmax(dim=-1)
-    blocks = logits.view(rows, vocab // ARGMAX_BLOCK, ARGMAX_BLOCK)
-    block = blocks.amax(dim=-1).argmax(dim=-1)
-    inner = blocks[torch.arange(rows, device=logits.device), block].argmax(dim=-1)
-    return block * ARGMAX_BLOCK + inner
 
 
 def _stop_strings(

@@ -1,5 +1,6 @@
-"""The engine against trainer.generate on the same model: continuous batching, paged blocks,
-preemption and aborts must not change what a greedy request generates."""
+"""The engine against a full forward per token (no cache) on the same model: continuous
+batching, paged blocks, preemption and aborts must not change what a greedy request
+generates."""
 
 import random
 
@@ -7,9 +8,17 @@ import pytest
 import torch
 
 from trainer.generate import generate
-from trainer.serve.engine import Engine, FinishReason, Request, SamplingParams, argmax_rows
-from trainer.serve.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache
-from trainer.serve.testing import BOS, EOS, VOCAB, decode, serve_config, tiny_model
+from trainer.inference.engine import Engine, FinishReason, Request, SamplingParams
+from trainer.inference.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache
+from trainer.inference.testing import (
+    BOS,
+    EOS,
+    VOCAB,
+    decode,
+    greedy_full_forward,
+    serve_config,
+    tiny_model,
+)
 
 torch.set_num_threads(1)  # tiny ops: several threads only spin on a shared machine
 
@@ -27,10 +36,7 @@ def prompts(n: int, seed: int = 0) -> list[list[int]]:
 
 
 def reference(model, prompt: list[int], max_tokens: int) -> list[int]:
-    out, _ = generate(
-        model, prompt, max_tokens, temperature=0, stop_id=EOS, max_len=MAX_LEN, seed=0
-    )
-    return out
+    return greedy_full_forward(model, prompt, max_tokens, stop=EOS)
 
 
 def run_all(engine: Engine, requests: list[Request]) -> dict[str, list[int]]:
@@ -76,13 +82,13 @@ def test_cache_grows_a_table_block_by_block(model):
     ]
 
 
-def test_greedy_alone_equals_generate(model):
+def test_greedy_alone_equals_a_full_forward(model):
     prompt = prompts(1)[0]
     got = run_all(make_engine(model), [greedy(prompt, 0)])
     assert got["r0"] == reference(model, prompt, 20)
 
 
-def test_greedy_inside_a_full_batch_equals_generate(model):
+def test_greedy_inside_a_full_batch_equals_a_full_forward(model):
     ps = prompts(16, seed=1)
     engine = make_engine(model, max_batch_tokens=64, max_running=16)
     got = run_all(engine, [greedy(p, i) for i, p in enumerate(ps)])
@@ -101,13 +107,16 @@ def test_preempted_requests_are_recomputed_not_dropped(model):
     assert engine.cache.allocator.used == 0
 
 
-def test_sampling_with_a_seed_equals_generate_with_that_seed(model):
+def test_a_seeded_request_draws_the_same_tokens_alone_and_in_a_batch(model):
     prompt = prompts(1, seed=3)[0]
     params = SamplingParams(max_tokens=15, temperature=0.9, top_k=20, top_p=0.9, seed=7)
     engine = make_engine(model)
-    others = [greedy(p, i + 1) for i, p in enumerate(prompts(5, seed=4))]
+    others = [greedy(p, i + 1) for i, p in enumerate(prompts(3, seed=4))]
+    for i, p in enumerate(prompts(3, seed=8)):  # sampled beside it, with other settings
+        knobs = SamplingParams(max_tokens=10 + i, temperature=1.2, top_p=0.5 + i / 10, seed=i)
+        others.append(Request(f"o{i}", p, knobs))
     got = run_all(engine, [Request("s", prompt, params), *others])
-    want, _ = generate(
+    want, _ = generate(  # alone in an engine of its own
         model,
         prompt,
         15,
@@ -176,14 +185,28 @@ def test_streamed_text_equals_decoding_the_whole_output_for_multibyte_characters
     assert any(len(t.encode()) > len(t) for t in texts.values())  # multi-byte characters came
 
 
-def test_argmax_rows_is_argmax_first_of_ties_included():
-    torch.manual_seed(0)
-    logits = torch.randn(32, 4096)
-    logits[3, 100] = logits[3, 4000] = 50.0  # a tie across blocks: the first wins
-    logits[5, 70] = logits[5, 71] = 50.0  # inside one block
-    logits[7, :] = 1.0  # all equal: index 0
-    assert torch.equal(argmax_rows(logits), logits.argmax(dim=-1))
-    assert argmax_rows(logits)[3] == 100 and argmax_rows(logits)[5] == 70
-    for shape in ((1, 4096), (32, 100)):  # one row; a vocabulary not in whole blocks
-        x = torch.randn(shape)
-        assert torch.equal(argmax_rows(x), x.argmax(dim=-1))
+def test_a_stop_token_ends_the_ids_with_it_and_never_shows_in_the_text(model):
+    prompt = prompts(1, seed=5)[0]
+    full = reference(model, prompt, 20)
+    stop_token = full[4]
+    stop = SamplingParams(max_tokens=20, temperature=0, stop_token_ids=(stop_token,))
+    engine = make_engine(model)
+    request = Request("r", prompt, stop)
+    got = run_all(engine, [request])
+    end = full.index(stop_token) + 1
+    assert got["r"] == full[:end] and request.finish is FinishReason.STOP
+    assert request.text == decode(full[: end - 1])  # the stop token's letter is not there
+
+
+def test_logprobs_are_the_full_forwards_log_softmax_of_each_sampled_token(model):
+    prompt = prompts(1, seed=6)[0]
+    params = SamplingParams(max_tokens=12, temperature=0.7, top_k=10, seed=1, logprobs=True)
+    engine = make_engine(model)
+    request = Request("r", prompt, params)
+    run_all(engine, [request, *(greedy(p, i + 1) for i, p in enumerate(prompts(3, seed=7)))])
+    ids = torch.tensor([prompt + request.output])
+    with torch.no_grad():
+        logp = model(ids, torch.arange(ids.shape[1])[None])[0].log_softmax(-1)
+    want = logp[len(prompt) - 1 : -1].gather(1, ids[0, len(prompt) :, None])[:, 0]
+    assert len(request.logprobs) == len(request.output)
+    torch.testing.assert_close(torch.tensor(request.logprobs), want, rtol=0, atol=1e-5)

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from trainer.inference.kv_cache import PagedKVCache
 from trainer.model import Transformer
-from trainer.serve.kv_cache import PagedKVCache
 
 
 @dataclass
