@@ -15,7 +15,6 @@ lost a replica check, then the highest straggler scores; trainer/health/, docs/r
 are exported, so a 4,096-rank job adds 8 series per metric, not 4,096.
 """
 
-
 import bisect
 import math
 import threading

@@ -118,7 +118,6 @@ def default_fleet() -> list[SimulatedJob]:
 def _rl_fields(kind: job_pb2.JobKind, step: int, rng: random.Random) -> dict:
     """What a PPO or DPO job reports besides the training fields (trainer/rl/)."""
     if kind == job_pb2.PPO:
-        rollout = rng.uniform(1.1, 1.3)
         return {
             "reward_mean": min(0.9, 0.2 + step / 500),
             "reward_std": 0.4,
@@ -126,8 +125,7 @@ def _rl_fields(kind: job_pb2.JobKind, step: int, rng: random.Random) -> dict:
             "entropy": rng.uniform(2.0, 2.2),
             "clip_fraction": rng.uniform(0.05, 0.1),
             "response_length": rng.uniform(14, 18),
-            "rollout_seconds": rollout,
-            "update_seconds": rollout * 0.6,
+            "rollout_seconds": rng.uniform(1.1, 1.3),
             "pass_rate": min(0.9, 0.2 + step / 500),
         }
     if kind == job_pb2.DPO:

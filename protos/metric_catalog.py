@@ -132,27 +132,17 @@ CATALOG = (
     M("rejected_reward", "kitchen_rl_rejected_reward", "DPO: implicit reward of rejected "
       "responses.", (job_pb2.DPO,), _NZ),
     # Mixture of experts (#18), over all ranks since the previous MoE record.
-    M("moe_max_imbalance", "kitchen_train_moe_max_imbalance", "Worst MoE layer's max/mean "
-      "tokens per expert (1 = even; experts/top_k = collapsed).", TRAINING, Series.MOE),
-    M("moe_dropped_fraction", "kitchen_train_moe_dropped_ratio", "Share of routed assignments "
-      "dropped at expert capacity, 0-1.", TRAINING, Series.MOE, P.ROUTER, "dropped "),
-    M("moe_min_router_entropy", "kitchen_train_moe_min_router_entropy", "Lowest MoE layer's "
-      "mean router entropy over ln(experts), 0-1.", TRAINING, Series.MOE, P.ROUTER, "entropy "),
     M("imbalance", "kitchen_train_moe_layer_imbalance", "Max/mean tokens per expert, per layer.",
       TRAINING, Series.MOE, P.EXPERT_IMBALANCE, source=_LAYER),
     M("aux_loss", "kitchen_train_moe_layer_aux_loss", "Load-balancing loss E·sum f·P (1 = "
       "even).", TRAINING, Series.MOE, P.AUX_LOSS, source=_LAYER),
+    M("moe_max_imbalance", "kitchen_train_moe_max_imbalance", "Worst MoE layer's max/mean "
+      "tokens per expert (1 = even; experts/top_k = collapsed).", TRAINING, Series.MOE),
+    M("moe_min_router_entropy", "kitchen_train_moe_min_router_entropy", "Lowest MoE layer's "
+      "mean router entropy over ln(experts), 0-1.", TRAINING, Series.MOE, P.ROUTER, "entropy "),
+    M("moe_dropped_fraction", "kitchen_train_moe_dropped_ratio", "Share of routed assignments "
+      "dropped at expert capacity, 0-1.", TRAINING, Series.MOE, P.ROUTER, "dropped "),
     # A serve job's heartbeat (trainer/serve/); its latency histograms are on its own /metrics.
-    M("running_requests", "kitchen_serve_running_requests", "Requests in a serve job's batch.",
-      SERVE, panel=P.REQUESTS, legend="running "),
-    M("waiting_requests", "kitchen_serve_waiting_requests", "Requests queued in a serve job.",
-      SERVE, panel=P.REQUESTS, legend="waiting "),
-    M("kv_blocks_used", "kitchen_serve_kv_blocks_used", "Paged KV-cache blocks in use.", SERVE,
-      panel=P.KV_BLOCKS, legend="used "),
-    M("kv_blocks_free", "kitchen_serve_kv_blocks_free", "Paged KV-cache blocks free.", SERVE,
-      panel=P.KV_BLOCKS, legend="free "),
-    M("serve_preemptions", "kitchen_serve_job_preemptions", "Requests preempted for KV blocks.",
-      SERVE, panel=P.SERVE_TOKENS, legend="preemptions "),
     M("ttft_p50_seconds", "kitchen_serve_ttft_p50_seconds", "Time to first token, median, "
       "seconds.", SERVE, panel=P.TTFT, legend="p50 "),
     M("ttft_p99_seconds", "kitchen_serve_ttft_p99_seconds", "Time to first token, p99, seconds.",
@@ -161,8 +151,18 @@ CATALOG = (
       "seconds.", SERVE, panel=P.ITL, legend="p50 "),
     M("itl_p99_seconds", "kitchen_serve_itl_p99_seconds", "Inter-token latency, p99, seconds.",
       SERVE, panel=P.ITL, legend="p99 "),
+    M("running_requests", "kitchen_serve_running_requests", "Requests in a serve job's batch.",
+      SERVE, panel=P.REQUESTS, legend="running "),
+    M("waiting_requests", "kitchen_serve_waiting_requests", "Requests queued in a serve job.",
+      SERVE, panel=P.REQUESTS, legend="waiting "),
+    M("kv_blocks_used", "kitchen_serve_kv_blocks_used", "Paged KV-cache blocks in use.", SERVE,
+      panel=P.KV_BLOCKS, legend="used "),
+    M("kv_blocks_free", "kitchen_serve_kv_blocks_free", "Paged KV-cache blocks free.", SERVE,
+      panel=P.KV_BLOCKS, legend="free "),
     M("generated_tokens_per_second", "kitchen_serve_generated_tokens_per_second", "Tokens a "
       "serve job generated per second.", SERVE, panel=P.SERVE_TOKENS, legend="tokens/s "),
+    M("serve_preemptions", "kitchen_serve_job_preemptions", "Requests preempted for KV blocks.",
+      SERVE, panel=P.SERVE_TOKENS, legend="preemptions "),
 )  # fmt: skip
 
 # Numeric fields deliberately not exported, and why: (source, field) -> reason.

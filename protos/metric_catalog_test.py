@@ -10,9 +10,9 @@ from protos import job_pb2, metric_catalog, metric_panels, progress_pb2
 from protos.metric_catalog import CATALOG, NOT_EXPORTED, Series, Source
 
 _MESSAGES = {
-    Source.PROGRESS: progress_pb2.Progress,
-    Source.RANK: progress_pb2.RankHealth,
-    Source.MOE_LAYER: progress_pb2.MoeLayerStats,
+    Source.PROGRESS: progress_pb2.Progress.DESCRIPTOR,
+    Source.RANK: progress_pb2.RankHealth.DESCRIPTOR,
+    Source.MOE_LAYER: progress_pb2.MoeLayerStats.DESCRIPTOR,
 }
 _NUMERIC = {
     FieldDescriptor.CPPTYPE_INT32, FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT32,
@@ -22,9 +22,7 @@ _NUMERIC = {
 
 def _numeric_fields(source: Source) -> set[str]:
     return {
-        f.name
-        for f in _MESSAGES[source].DESCRIPTOR.fields
-        if f.cpp_type in _NUMERIC and not f.is_repeated
+        f.name for f in _MESSAGES[source].fields if f.cpp_type in _NUMERIC and not f.is_repeated
     }
 
 
@@ -69,6 +67,8 @@ def test_every_panel_draws_at_least_one_metric_on_a_known_row():
 
 def test_a_lookup_names_the_missing_field():
     assert metric_catalog.metric("loss").name == "kitchen_train_loss"
-    assert metric_catalog.metric("step_time_seconds", Source.RANK).name.endswith("rank_step_seconds")
-    with pytest.raises(KeyError, match="Progress.update_seconds"):
+    assert metric_catalog.metric("step_time_seconds", Source.RANK).name.endswith(
+        "rank_step_seconds"
+    )
+    with pytest.raises(KeyError, match=r"Progress\.update_seconds"):
         metric_catalog.metric("update_seconds")  # #30: PPO no longer reports it
