@@ -23,9 +23,9 @@ import time
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from protos import job_pb2
+from protos import job_pb2, metric_catalog
 from protos.enums import enum_name
-from protos.metric_catalog import CATALOG, Series, Source, metrics
+from protos.metric_catalog import Series, Source
 
 JOB_LABELS = ["job_id", "name", "kind", "pool", "team"]
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -73,7 +73,8 @@ class _JobSeries:
         self.moe = None  # the latest Progress with MoE statistics (Series.MOE)
         self.last_step = None
         self.histograms = {
-            m.field: _StepHistogram() for m in metrics(Source.PROGRESS, Series.STEP_HISTOGRAM)
+            m.field: _StepHistogram()
+            for m in metric_catalog.metrics(Source.PROGRESS, Series.STEP_HISTOGRAM)
         }
         self.attempt = None
         self.attempts = 0
@@ -159,7 +160,7 @@ class LauncherMetrics:
                     if (seconds := getattr(p, field)) > 0:
                         histogram.observe(seconds, steps)
             series.last_step = p.step if series.last_step is None else max(p.step, series.last_step)
-            for m in metrics(Source.PROGRESS):
+            for m in metric_catalog.metrics(Source.PROGRESS):
                 if (value := getattr(p, m.field)) == 0:
                     continue
                 if m.series == Series.NEWEST_NONZERO:
@@ -253,7 +254,7 @@ def ranks_to_export(ranks: list) -> list:
 
 def _catalog_families(jobs):
     """One family per catalog metric, a sample per job (per rank or layer) that has a value."""
-    for m in CATALOG:
+    for m in metric_catalog.CATALOG:
         family_type = _FAMILIES.get(m.series, GaugeMetricFamily)
         family = family_type(m.name, m.help, labels=_LABELS[m.source])
         for s in jobs:
