@@ -7,6 +7,7 @@ from grafana_foundation_sdk.models.dashboard import Dashboard
 from observability.dashboards.catalog_panels import LEGEND, add_rows, series
 from observability.dashboards.panels import kitchen_dashboard, multi_value_variable, stat_panel
 from protos import metric_panels
+from protos.metric_catalog import metric
 from protos.metric_panels import Board
 
 UID = Board.SERVE.value
@@ -55,6 +56,8 @@ def build() -> Dashboard:
         "One serve job (kind: serve): requests, latency, throughput, KV-cache blocks, "
         "preemptions. Guide: docs/serve.md",
     ).with_variable(
-        multi_value_variable("job_id", "Job", "label_values(kitchen_serve_kv_blocks_free, job_id)")
+        multi_value_variable(
+            "job_id", "Job", f"label_values({metric('kv_blocks_free').name}, job_id)"
+        )
     )
     return add_rows(board, Board.SERVE, {metric_panels.SERVE_GLANCE: _at_a_glance()}).build()
