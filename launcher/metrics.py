@@ -1,11 +1,12 @@
 """The launcher's Prometheus exporter (`/metrics`).
 
 Per job (labels job_id, name, kind, pool, team; not `job`, which is Prometheus's scrape job),
-from the trainer's progress reports: every metric of protos/metric_catalog.py, as its entry
-says (the latest value, the newest non-zero one, a counter, the step-time histogram; RankHealth
-entries add labels rank and host, MoeLayerStats entries the label layer). From the launcher's
-own events: kitchen_job_attempts_total, kitchen_job_preemptions_total, and
-kitchen_eval_score{task,metric,step} (an eval job's scores, one series per checkpoint step).
+from the trainer's progress reports: every metric of protos/metric_catalog.py, for the job kinds
+its entry names and as it says (the latest value, the newest non-zero one, a counter, the
+step-time histogram; RankHealth entries add labels rank and host, MoeLayerStats entries the label
+layer). From the launcher's own events: kitchen_job_attempts_total,
+kitchen_job_preemptions_total, and kitchen_eval_score{task,metric,step} (an eval job's scores,
+one series per checkpoint step).
 Launcher-wide: kitchen_jobs{state,pool}, kitchen_queue_depth{pool},
   kitchen_job_queue_wait_seconds{pool,team} (histogram), kitchen_scheduler_pass_duration_seconds
   (histogram), kitchen_pool_capacity{pool,resource}, kitchen_pool_in_use{pool,resource}.
@@ -23,7 +24,7 @@ import time
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from protos import job_pb2, metric_catalog
+from protos import job_pb2, metric_catalog, progress_pb2
 from protos.enums import enum_name
 from protos.metric_catalog import Series, Source
 
@@ -64,13 +65,14 @@ class _StepHistogram:
 
 
 class _JobSeries:
-    def __init__(self, labels):
+    def __init__(self, labels, kind: int):
         self.labels = labels
-        self.progress = None
-        self.ranks = []  # the latest non-empty Progress.ranks
+        self.kind = kind  # job_pb2.JobKind: a catalog metric is exported for its kinds only
+        self.progress: progress_pb2.Progress | None = None
+        self.ranks: list[progress_pb2.RankHealth] = []  # the latest non-empty Progress.ranks
         self.reported: set[str] = set()  # Series.NAN_UNTIL_REPORTED fields seen non-zero
         self.newest: dict[str, float] = {}  # Series.NEWEST_NONZERO: newest non-zero per field
-        self.moe = None  # the latest Progress with MoE statistics (Series.MOE)
+        self.moe: progress_pb2.Progress | None = None  # the latest with MoE statistics
         self.last_step = None
         self.histograms = {
             m.field: _StepHistogram()
@@ -138,7 +140,8 @@ class LauncherMetrics:
     def _series(self, job) -> _JobSeries:
         series = self._jobs.get(job.id)
         if series is None:
-            series = self._jobs[job.id] = _JobSeries(job_labels(job, self.job_names))
+            labels = job_labels(job, self.job_names)
+            series = self._jobs[job.id] = _JobSeries(labels, job.spec.kind)
         return series
 
     def attempt_started(self, job: job_pb2.Job, waited_seconds: float):
@@ -258,7 +261,7 @@ def _catalog_families(jobs):
         family_type = _FAMILIES.get(m.series, GaugeMetricFamily)
         family = family_type(m.name, m.help, labels=_LABELS[m.source])
         for s in jobs:
-            if s.progress is None:
+            if s.progress is None or (m.kinds and s.kind not in m.kinds):
                 continue
             if m.series == Series.STEP_HISTOGRAM:
                 s.histograms[m.field].add_to(family, s.labels)

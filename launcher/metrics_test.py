@@ -213,3 +213,25 @@ def test_a_new_metric_needs_only_its_catalog_line(monkeypatch):
     m.progress(make_job(), progress_pb2.Progress(attempt=1, step=2, loss=2.0))  # 0: keeps 512
     got = samples(generate_latest(m.registry).decode())
     assert got[("kitchen_train_gradient_noise_scale", LABELS)] == 512.0
+
+
+def test_a_job_has_only_the_series_of_its_kind():
+    """A metric is exported for the kinds its catalog entry names: a serve job's heartbeat
+    brings no zero training series, a pretraining job no zero serve series; an eval job has its
+    checkpoint's step and eval loss, not a training loss."""
+    m = LauncherMetrics(retention_seconds=60)
+    serve, evaluation = make_job(), make_job()
+    serve.id, serve.spec.kind = "j8", job_pb2.SERVE
+    evaluation.id, evaluation.spec.kind = "j9", job_pb2.EVAL
+    m.progress(make_job(), progress_pb2.Progress(attempt=1, step=3, loss=2.0))
+    m.progress(serve, progress_pb2.Progress(attempt=1, running_requests=2, kv_blocks_free=7))
+    m.progress(evaluation, progress_pb2.Progress(attempt=1, step=40, eval_loss=4.5))
+    names: dict[str, set[str]] = {}
+    for name, labels in samples(generate_latest(m.registry).decode()):
+        names.setdefault(dict(labels).get("job_id", ""), set()).add(name)
+    assert {"kitchen_train_loss", "kitchen_train_step"} <= names["j7"]
+    assert not any(n.startswith("kitchen_serve_") for n in names["j7"])
+    assert {"kitchen_serve_running_requests", "kitchen_serve_kv_blocks_free"} <= names["j8"]
+    assert not any(n.startswith("kitchen_train_") for n in names["j8"])
+    assert {"kitchen_train_step", "kitchen_train_eval_loss"} <= names["j9"]
+    assert "kitchen_train_loss" not in names["j9"]

@@ -1,5 +1,7 @@
 """Every metric a trainer reports, declared once: its kitchen.v1.Progress field, its Prometheus
-series, its help and unit, the job kinds that report it, and the dashboard panel that shows it.
+series, its help and unit, the job kinds that report it (the exporter writes a series for those
+jobs only: a serve job has no zero training series, a training job no zero serve series), and
+the dashboard panel that shows it.
 
 launcher/metrics.py exports each entry and observability/dashboards/ draws each panel by looping
 over CATALOG, so a new kind's new metric is its Progress field and one line here. A numeric field
@@ -33,7 +35,7 @@ class Series(enum.Enum):
     STEP_HISTOGRAM = enum.auto()  # histogram: one observation per step since the last report
 
 
-ANY = ()  # reported by every kind that reports progress
+ANY = ()  # every kind
 TRAINING = (
     job_pb2.PRETRAIN, job_pb2.SFT, job_pb2.VLM, job_pb2.REWARD, job_pb2.DPO, job_pb2.PPO,
     job_pb2.DISTILL,
@@ -48,7 +50,7 @@ class Metric:
     field: str  # of `source`
     name: str  # the Prometheus name (a counter's samples add `_total`)
     help: str  # with its unit
-    kinds: tuple  # job_pb2.JobKind values that report it; ANY for all
+    kinds: tuple  # the job_pb2.JobKind values that report it (ANY: all); exported for those only
     series: Series = Series.LATEST
     panel: panels.Panel | None = None  # the run/serve dashboard panel that draws it
     legend: str = ""  # the panel legend's prefix ("train ", "p99 ")
@@ -64,8 +66,9 @@ M, P = Metric, panels
 _RANK, _LAYER = Source.RANK, Source.MOE_LAYER
 _NZ = Series.NEWEST_NONZERO
 CATALOG = (
-    M("step", "kitchen_train_step", "Latest reported optimizer step.", ANY),
-    M("total_steps", "kitchen_train_total_steps", "Steps the job will run.", ANY),
+    M("step", "kitchen_train_step", "Latest reported optimizer step (an eval job's: the "
+      "checkpoint's).", (*TRAINING, job_pb2.EVAL)),
+    M("total_steps", "kitchen_train_total_steps", "Steps the job will run.", TRAINING),
     M("loss", "kitchen_train_loss", "Training loss at the latest report.", TRAINING,
       panel=P.LOSS, legend="train "),
     M("eval_loss", "kitchen_train_eval_loss", "Latest evaluation loss (NaN before the first "

@@ -108,7 +108,7 @@ def build() -> Dashboard:
         "experts. "
         "Guide: docs/observability.md",
     ).with_variable(
-        multi_value_variable("job_id", "Job", f"label_values({metric('loss').name}, job_id)")
+        multi_value_variable("job_id", "Job", f"label_values({metric('step').name}, job_id)")
     )
     derived = {metric_panels.RUN_GLANCE: _at_a_glance(), metric_panels.RUN_TRAINING: _training()}
     return add_rows(board, Board.RUN, derived).build()
