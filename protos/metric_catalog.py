@@ -29,7 +29,7 @@ class Series(enum.Enum):
 
     LATEST = enum.auto()  # gauge: the latest report's value
     NAN_UNTIL_REPORTED = enum.auto()  # gauge: NaN until a non-zero value came, then the latest
-    NEWEST_NONZERO = enum.auto()  # gauge, once reported: train and eval records carry different
+    NEWEST_NONZERO = enum.auto()  # gauge, once reported (train and eval records differ in fields)
     MOE = enum.auto()  # gauge: from the latest record with MoE statistics (eval records have none)
     COUNTER = enum.auto()  # counter (`_total`): an all-time count the trainer keeps
     STEP_HISTOGRAM = enum.auto()  # histogram: one observation per step since the last report

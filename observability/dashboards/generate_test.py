@@ -8,7 +8,7 @@ from observability.dashboards import generate
 from observability.dashboards.panels import DATASOURCE_UID
 from observability.queries import DASHBOARDS_DIR, dashboard_files
 from protos import metric_catalog, metric_panels
-from protos.metric_catalog import CATALOG
+from protos.metric_catalog import ANY, CATALOG
 
 PROVISIONING_DIR = DASHBOARDS_DIR.parent / "provisioning"
 
@@ -139,9 +139,9 @@ def test_a_new_metric_and_panel_need_only_catalog_lines(monkeypatch):
     noise = metric_panels.Panel(metric_panels.RUN_RL, "Noise scale", "none", "B_simple " * 4)
     new = [
         metric_catalog.Metric(
-            "gradient_noise_scale", "kitchen_x_noise", "x.", (), panel=metric_panels.GRAD_NORM
+            "gradient_noise_scale", "kitchen_x_noise", "x.", ANY, panel=metric_panels.GRAD_NORM
         ),
-        metric_catalog.Metric("gradient_noise_scale", "kitchen_y_noise", "y.", (), panel=noise),
+        metric_catalog.Metric("gradient_noise_scale", "kitchen_y_noise", "y.", ANY, panel=noise),
     ]
     monkeypatch.setattr(metric_catalog, "CATALOG", (*CATALOG, *new))
     rows = _rows(json.loads(generate.render_all()["kitchen-run.json"]))
