@@ -1,26 +1,19 @@
 """The launcher's Prometheus exporter (`/metrics`).
 
 Per job (labels job_id, name, kind, pool, team; not `job`, which is Prometheus's scrape job),
-from the trainer's progress reports:
-  kitchen_train_step_duration_seconds (histogram, one observation per step), kitchen_train_step,
-  kitchen_train_total_steps, kitchen_train_loss, kitchen_train_eval_loss, kitchen_train_mfu_ratio,
-  kitchen_train_tokens_total, kitchen_train_tokens_per_second, kitchen_train_goodput_ratio,
-  kitchen_train_peak_memory_bytes, kitchen_train_padding_ratio, kitchen_train_grad_norm,
-  kitchen_train_learning_rate, kitchen_job_attempts_total, kitchen_job_preemptions_total,
-  kitchen_eval_score{task,metric,step} (an eval job's scores, one series per checkpoint step);
-  for mixture-of-experts jobs the kitchen_train_moe_* series of launcher/moe_metrics.py.
+from the trainer's progress reports: every metric of protos/metric_catalog.py, for the job kinds
+its entry names and as it says (the latest value, the newest non-zero one, a counter, the
+step-time histogram; RankHealth entries add labels rank and host, MoeLayerStats entries the label
+layer). From the launcher's own events: kitchen_job_attempts_total,
+kitchen_job_preemptions_total, and kitchen_eval_score{task,metric,step} (an eval job's scores,
+one series per checkpoint step).
 Launcher-wide: kitchen_jobs{state,pool}, kitchen_queue_depth{pool},
   kitchen_job_queue_wait_seconds{pool,team} (histogram), kitchen_scheduler_pass_duration_seconds
   (histogram), kitchen_pool_capacity{pool,resource}, kitchen_pool_in_use{pool,resource}.
-Cardinality stays bounded: a finished job's series are dropped `retention` seconds after it ends.
-
-Per rank (the job's labels plus rank and host; trainer/health/, docs/reliability.md), from the
-latest report's kitchen.v1.RankHealth: kitchen_train_rank_step_seconds,
-kitchen_train_rank_data_seconds, kitchen_train_rank_collective_wait_seconds,
-kitchen_train_rank_straggler_score, kitchen_train_rank_sdc_mismatches; and per job
-kitchen_train_sdc_rollbacks_total. The `rank` label is bounded: only the RANK_SERIES_LIMIT ranks
-most worth a look (any that lost a replica check, then the highest straggler scores) are
-exported, so a 4,096-rank job adds 8 series per metric, not 4,096.
+Cardinality stays bounded: a finished job's series are dropped `retention` seconds after it ends,
+and the `rank` label is bounded: only the RANK_SERIES_LIMIT ranks most worth a look (any that
+lost a replica check, then the highest straggler scores; trainer/health/, docs/reliability.md)
+are exported, so a 4,096-rank job adds 8 series per metric, not 4,096.
 """
 
 import bisect
@@ -31,9 +24,9 @@ import time
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from launcher import moe_metrics
-from protos import job_pb2
+from protos import job_pb2, metric_catalog, progress_pb2
 from protos.enums import enum_name
+from protos.metric_catalog import Series, Source
 
 JOB_LABELS = ["job_id", "name", "kind", "pool", "team"]
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -41,105 +34,72 @@ WAIT_BUCKETS = (0.1, 0.5, 1, 5, 15, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 24 *
 PASS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1)
 RANK_LABELS = [*JOB_LABELS, "rank", "host"]
 RANK_SERIES_LIMIT = 8
-# (metric, help, RankHealth field) of the per-rank gauges.
-_RANK_GAUGES = [
-    ("kitchen_train_rank_step_seconds", "Mean step time of one rank.", "step_time_seconds"),
-    ("kitchen_train_rank_data_seconds", "Mean data time of one rank.", "data_time_seconds"),
-    (
-        "kitchen_train_rank_collective_wait_seconds",
-        "Mean time per step one rank waits in collectives for its peers.",
-        "collective_wait_seconds",
-    ),
-    (
-        "kitchen_train_rank_straggler_score",
-        "A rank's busy time (step minus collective wait) over the median rank's.",
-        "straggler_score",
-    ),
-    (
-        "kitchen_train_rank_sdc_mismatches",
-        "Cross-replica checks a rank lost (its parameters or optimizer state differed).",
-        "sdc_mismatches",
-    ),
-]
-# (metric, help, Progress field) of the per-job gauges.
-_GAUGES = [
-    ("kitchen_train_step", "Latest reported optimizer step.", "step"),
-    ("kitchen_train_total_steps", "Steps the job will run.", "total_steps"),
-    ("kitchen_train_loss", "Training loss at the latest report.", "loss"),
-    ("kitchen_train_eval_loss", "Latest evaluation loss (NaN before the first eval).", "eval_loss"),
-    ("kitchen_train_mfu_ratio", "Model FLOPs utilization, 0-1.", "mfu"),
-    ("kitchen_train_tokens_per_second", "Training throughput in tokens/s.", "tokens_per_second"),
-    ("kitchen_train_goodput_ratio", "Share of wall time spent on useful steps, 0-1.", "goodput"),
-    ("kitchen_train_peak_memory_bytes", "Peak accelerator memory.", "peak_memory_bytes"),
-    ("kitchen_train_padding_ratio", "Share of batch tokens that are padding.", "padding_fraction"),
-    ("kitchen_train_grad_norm", "Gradient norm before clipping.", "grad_norm"),
-    ("kitchen_train_learning_rate", "Learning rate.", "lr"),
-    (
-        "kitchen_train_image_token_share_ratio",
-        "VLM: image tokens / all tokens, 0-1.",
-        "image_token_share",
-    ),
-    ("kitchen_train_comm_ratio", "Share of a step spent in collectives, 0-1.", "comm_fraction"),
-    # A serve job's heartbeat (trainer/serve/); its latency histograms are on its own /metrics.
-    ("kitchen_serve_running_requests", "Requests in a serve job's batch.", "running_requests"),
-    ("kitchen_serve_waiting_requests", "Requests queued in a serve job.", "waiting_requests"),
-    ("kitchen_serve_kv_blocks_used", "Paged KV-cache blocks in use.", "kv_blocks_used"),
-    ("kitchen_serve_kv_blocks_free", "Paged KV-cache blocks free.", "kv_blocks_free"),
-    ("kitchen_serve_job_preemptions", "Requests preempted for KV blocks.", "serve_preemptions"),
-    ("kitchen_serve_ttft_p50_seconds", "Time to first token, median.", "ttft_p50_seconds"),
-    ("kitchen_serve_ttft_p99_seconds", "Time to first token, p99.", "ttft_p99_seconds"),
-    ("kitchen_serve_itl_p50_seconds", "Inter-token latency, median.", "itl_p50_seconds"),
-    ("kitchen_serve_itl_p99_seconds", "Inter-token latency, p99.", "itl_p99_seconds"),
-    (
-        "kitchen_serve_generated_tokens_per_second",
-        "Tokens a serve job generated per second.",
-        "generated_tokens_per_second",
-    ),
-]
-# #14 RLHF (REWARD, DPO, PPO jobs): exported once a job reports them, each holding its newest
-# non-zero value (train and eval records carry different ones; other kinds have none).
-_RL_GAUGES = [
-    ("kitchen_rl_reward_mean", "PPO: mean reward of the latest rollout batch.", "reward_mean"),
-    ("kitchen_rl_reward_std", "PPO: reward standard deviation in that batch.", "reward_std"),
-    ("kitchen_rl_kl", "Mean per-response KL(policy || reference), nats.", "kl"),
-    ("kitchen_rl_entropy", "PPO: mean per-token entropy of the policy's samples.", "entropy"),
-    ("kitchen_rl_clip_ratio", "PPO: share of tokens whose ratio was clipped.", "clip_fraction"),
-    ("kitchen_rl_value_loss", "PPO: value head loss.", "value_loss"),
-    ("kitchen_rl_response_length_tokens", "Mean response length.", "response_length"),
-    ("kitchen_rl_rollout_seconds", "PPO: generating a step's rollouts.", "rollout_seconds"),
-    ("kitchen_rl_update_seconds", "PPO: a step's optimizer epochs.", "update_seconds"),
-    (
-        "kitchen_rl_preference_accuracy_ratio",
-        "Chosen scored above rejected.",
-        "preference_accuracy",
-    ),
-    ("kitchen_rl_margin", "Mean chosen minus rejected score.", "margin"),
-    ("kitchen_rl_chosen_reward", "DPO: implicit reward of chosen responses.", "chosen_reward"),
-    (
-        "kitchen_rl_rejected_reward",
-        "DPO: implicit reward of rejected responses.",
-        "rejected_reward",
-    ),
-    ("kitchen_rl_pass_rate_ratio", "Verifier pass rate on held-out prompts.", "pass_rate"),
-]
+_LABELS = {
+    Source.PROGRESS: JOB_LABELS,
+    Source.RANK: RANK_LABELS,
+    Source.MOE_LAYER: [*JOB_LABELS, "layer"],
+}
+_FAMILIES = {
+    Series.COUNTER: CounterMetricFamily,
+    Series.STEP_HISTOGRAM: HistogramMetricFamily,
+}
+
+
+class _StepHistogram:
+    """A cumulative histogram fed one observation per step (the buckets count steps)."""
+
+    def __init__(self):
+        self.buckets = [0] * (len(STEP_BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, seconds: float, steps: int):
+        self.buckets[bisect.bisect_left(STEP_BUCKETS, seconds)] += steps
+        self.sum += steps * seconds
+
+    def add_to(self, family: HistogramMetricFamily, labels: list):
+        cumulative, total = [], 0
+        for le, n in zip([*map(str, STEP_BUCKETS), "+Inf"], self.buckets, strict=True):
+            total += n
+            cumulative.append((le, total))
+        family.add_metric(labels, cumulative, self.sum)
 
 
 class _JobSeries:
-    def __init__(self, labels):
+    def __init__(self, labels, kind: int):
         self.labels = labels
-        self.progress = None
-        self.ranks = []  # the latest non-empty Progress.ranks
-        self.has_eval = False
+        self.kind = kind  # job_pb2.JobKind: a catalog metric is exported for its kinds only
+        self.progress: progress_pb2.Progress | None = None
+        self.ranks: list[progress_pb2.RankHealth] = []  # the latest non-empty Progress.ranks
+        self.reported: set[str] = set()  # Series.NAN_UNTIL_REPORTED fields seen non-zero
+        self.newest: dict[str, float] = {}  # Series.NEWEST_NONZERO: newest non-zero per field
+        self.moe: progress_pb2.Progress | None = None  # the latest with MoE statistics
         self.last_step = None
-        self.buckets = [0] * (len(STEP_BUCKETS) + 1)
-        self.step_seconds_sum = 0.0
+        self.histograms = {
+            m.field: _StepHistogram()
+            for m in metric_catalog.metrics(Source.PROGRESS, Series.STEP_HISTOGRAM)
+        }
         self.attempt = None
         self.attempts = 0
         self.preemptions = 0
         self.finished_at = None
-        self.rl: dict[str, float] = {}  # _RL_GAUGES: newest non-zero value of each field
-        self.moe = None  # the latest Progress with MoE statistics (launcher/moe_metrics.py)
         self.eval_scores: dict[tuple[str, str, int], float] = {}  # (task, metric, step) -> value
+
+    def value(self, m) -> float | None:
+        """A Progress metric's value now, or None while it has none to export."""
+        if m.series == Series.NEWEST_NONZERO:
+            return self.newest.get(m.field)
+        p = self.moe if m.series == Series.MOE else self.progress
+        if p is None:
+            return None
+        if m.series == Series.NAN_UNTIL_REPORTED and m.field not in self.reported:
+            return math.nan
+        return getattr(p, m.field)
+
+    def sources(self, source: Source) -> list:
+        """(extra label values, message) of each RankHealth or MoeLayerStats series."""
+        if source == Source.RANK:
+            return [([str(r.rank), r.host], r) for r in ranks_to_export(self.ranks)]
+        return [([str(layer.layer)], layer) for layer in self.moe.moe_layers] if self.moe else []
 
 
 def job_labels(job: job_pb2.Job, names: bool = True) -> list:
@@ -180,7 +140,8 @@ class LauncherMetrics:
     def _series(self, job) -> _JobSeries:
         series = self._jobs.get(job.id)
         if series is None:
-            series = self._jobs[job.id] = _JobSeries(job_labels(job, self.job_names))
+            labels = job_labels(job, self.job_names)
+            series = self._jobs[job.id] = _JobSeries(labels, job.spec.kind)
         return series
 
     def attempt_started(self, job: job_pb2.Job, waited_seconds: float):
@@ -195,20 +156,25 @@ class LauncherMetrics:
             series = self._series(job)
             if p.attempt != series.attempt:  # a resumed attempt re-runs steps: count them again
                 series.attempt, series.last_step = p.attempt, None
-            if p.step_time_seconds > 0 and (series.last_step is None or p.step > series.last_step):
+            if series.last_step is None or p.step > series.last_step:
                 # One observation per step since the last report, so counts are steps.
                 steps = 1 if series.last_step is None else p.step - series.last_step
-                i = bisect.bisect_left(STEP_BUCKETS, p.step_time_seconds)
-                series.buckets[i] += steps
-                series.step_seconds_sum += steps * p.step_time_seconds
+                for field, histogram in series.histograms.items():
+                    if (seconds := getattr(p, field)) > 0:
+                        histogram.observe(seconds, steps)
             series.last_step = p.step if series.last_step is None else max(p.step, series.last_step)
-            series.has_eval = series.has_eval or p.eval_loss != 0
+            for m in metric_catalog.metrics(Source.PROGRESS):
+                if (value := getattr(p, m.field)) == 0:
+                    continue
+                if m.series == Series.NEWEST_NONZERO:
+                    series.newest[m.field] = value
+                elif m.series == Series.NAN_UNTIL_REPORTED:
+                    series.reported.add(m.field)
             for score in p.eval_scores:  # an eval job's scores of the checkpoint at p.step
                 series.eval_scores[(score.task, score.metric, p.step)] = score.value
             series.progress = p
             if p.ranks:
                 series.ranks = list(p.ranks)
-            series.rl.update((f, v) for _, _, f in _RL_GAUGES if (v := getattr(p, f)))
             if p.moe_layers:
                 series.moe = p
 
@@ -234,18 +200,7 @@ class LauncherMetrics:
             yield from self._fleet_families(self.fleet())
 
     def _job_families(self, jobs):
-        gauges = {
-            name: GaugeMetricFamily(name, doc, labels=JOB_LABELS)
-            for name, doc, _ in _GAUGES + _RL_GAUGES
-        }
-        hist = HistogramMetricFamily(
-            "kitchen_train_step_duration_seconds",
-            "Wall time per optimizer step.",
-            labels=JOB_LABELS,
-        )
-        tokens = CounterMetricFamily(
-            "kitchen_train_tokens", "Tokens trained on so far.", labels=JOB_LABELS
-        )
+        yield from _catalog_families(jobs)
         attempts = CounterMetricFamily(
             "kitchen_job_attempts", "Attempts started (restarts = attempts - 1).", labels=JOB_LABELS
         )
@@ -262,27 +217,7 @@ class LauncherMetrics:
                 scores.add_metric([*s.labels, task, metric, str(step)], value)
             attempts.add_metric(s.labels, s.attempts)
             preemptions.add_metric(s.labels, s.preemptions)
-            p = s.progress
-            if p is None:
-                continue
-            for name, _, field in _GAUGES:
-                value = getattr(p, field)
-                if field == "eval_loss" and not s.has_eval:
-                    value = math.nan
-                gauges[name].add_metric(s.labels, value)
-            for name, _, field in _RL_GAUGES:
-                if field in s.rl:
-                    gauges[name].add_metric(s.labels, s.rl[field])
-            tokens.add_metric(s.labels, p.tokens_total)
-            cumulative, total = [], 0
-            for le, n in zip([*map(str, STEP_BUCKETS), "+Inf"], s.buckets, strict=True):
-                total += n
-                cumulative.append((le, total))
-            hist.add_metric(s.labels, cumulative, s.step_seconds_sum)
-        yield from gauges.values()
-        yield from (hist, tokens, attempts, preemptions, scores)
-        yield from _rank_families(jobs)
-        yield from moe_metrics.families([(s.labels, s.moe) for s in jobs], JOB_LABELS)
+        yield from (attempts, preemptions, scores)
 
     def _fleet_families(self, fleet):
         jobs = GaugeMetricFamily(
@@ -320,19 +255,19 @@ def ranks_to_export(ranks: list) -> list:
     return ordered[:RANK_SERIES_LIMIT]
 
 
-def _rank_families(jobs):
-    gauges = {n: GaugeMetricFamily(n, doc, labels=RANK_LABELS) for n, doc, _ in _RANK_GAUGES}
-    rollbacks = CounterMetricFamily(
-        "kitchen_train_sdc_rollbacks",
-        "Rollbacks after data-parallel replicas disagreed (silent data corruption).",
-        labels=JOB_LABELS,
-    )
-    for s in jobs:
-        if s.progress is None:
-            continue
-        rollbacks.add_metric(s.labels, s.progress.sdc_rollbacks)
-        for r in ranks_to_export(s.ranks):
-            for name, _, field in _RANK_GAUGES:
-                gauges[name].add_metric([*s.labels, str(r.rank), r.host], getattr(r, field))
-    yield from gauges.values()
-    yield rollbacks
+def _catalog_families(jobs):
+    """One family per catalog metric, a sample per job (per rank or layer) that has a value."""
+    for m in metric_catalog.CATALOG:
+        family_type = _FAMILIES.get(m.series, GaugeMetricFamily)
+        family = family_type(m.name, m.help, labels=_LABELS[m.source])
+        for s in jobs:
+            if s.progress is None or (m.kinds and s.kind not in m.kinds):
+                continue
+            if m.series == Series.STEP_HISTOGRAM:
+                s.histograms[m.field].add_to(family, s.labels)
+            elif m.source != Source.PROGRESS:
+                for extra, message in s.sources(m.source):
+                    family.add_metric([*s.labels, *extra], getattr(message, m.field))
+            elif (value := s.value(m)) is not None:
+                family.add_metric(s.labels, value)
+        yield family

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from launcher.metrics import LauncherMetrics
 from launcher.server import Launcher
 from launcher.testdata import harness as h
-from protos import job_pb2, progress_pb2
+from protos import job_pb2, metric_catalog, progress_pb2
 
 ISSUE_METRICS = [
     "kitchen_train_step_duration_seconds", "kitchen_train_mfu_ratio", "kitchen_train_tokens",
@@ -194,3 +194,44 @@ def test_eval_scores_are_a_gauge_per_task_metric_and_step():
     for label, acc in (("40", 0.3), ("80", 0.45)):
         labels = LABELS | {("task", "kitchen_next_line"), ("metric", "acc"), ("step", label)}
         assert got[("kitchen_eval_score", labels)] == acc
+
+
+def test_a_new_metric_needs_only_its_catalog_line(monkeypatch):
+    """#30: a metric reaches /metrics from its protos/metric_catalog.py entry alone.
+    gradient_noise_scale, a Progress field the catalog does not export, stands in for a new
+    kind's new field."""
+    new = metric_catalog.Metric(
+        "gradient_noise_scale",
+        "kitchen_train_gradient_noise_scale",
+        "B_simple, in samples.",
+        metric_catalog.TRAINING,
+        metric_catalog.Series.NEWEST_NONZERO,
+    )
+    monkeypatch.setattr(metric_catalog, "CATALOG", (*metric_catalog.CATALOG, new))
+    m = LauncherMetrics(retention_seconds=60)
+    m.progress(make_job(), progress_pb2.Progress(attempt=1, step=1, gradient_noise_scale=512.0))
+    m.progress(make_job(), progress_pb2.Progress(attempt=1, step=2, loss=2.0))  # 0: keeps 512
+    got = samples(generate_latest(m.registry).decode())
+    assert got[("kitchen_train_gradient_noise_scale", LABELS)] == 512.0
+
+
+def test_a_job_has_only_the_series_of_its_kind():
+    """A metric is exported for the kinds its catalog entry names: a serve job's heartbeat
+    brings no zero training series, a pretraining job no zero serve series; an eval job has its
+    checkpoint's step and eval loss, not a training loss."""
+    m = LauncherMetrics(retention_seconds=60)
+    serve, evaluation = make_job(), make_job()
+    serve.id, serve.spec.kind = "j8", job_pb2.SERVE
+    evaluation.id, evaluation.spec.kind = "j9", job_pb2.EVAL
+    m.progress(make_job(), progress_pb2.Progress(attempt=1, step=3, loss=2.0))
+    m.progress(serve, progress_pb2.Progress(attempt=1, running_requests=2, kv_blocks_free=7))
+    m.progress(evaluation, progress_pb2.Progress(attempt=1, step=40, eval_loss=4.5))
+    names: dict[str, set[str]] = {}
+    for name, labels in samples(generate_latest(m.registry).decode()):
+        names.setdefault(dict(labels).get("job_id", ""), set()).add(name)
+    assert {"kitchen_train_loss", "kitchen_train_step"} <= names["j7"]
+    assert not any(n.startswith("kitchen_serve_") for n in names["j7"])
+    assert {"kitchen_serve_running_requests", "kitchen_serve_kv_blocks_free"} <= names["j8"]
+    assert not any(n.startswith("kitchen_train_") for n in names["j8"])
+    assert {"kitchen_train_step", "kitchen_train_eval_loss"} <= names["j9"]
+    assert "kitchen_train_loss" not in names["j9"]

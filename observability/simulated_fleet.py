@@ -112,13 +112,21 @@ def default_fleet() -> list[SimulatedJob]:
             padding_fraction=0.29,
             image_token_share=0.57,
         ),
+        # A serve job: its heartbeat feeds the serve dashboard (it has no training series).
+        SimulatedJob(
+            _job("j-0006", "chat-serve", job_pb2.SERVE, "cpu", "ml", attempts=1),
+            step_seconds=0.0,
+            tokens_per_step=0,
+            mfu=0.0,
+            peak_memory_bytes=0,
+            padding_fraction=0.0,
+        ),
     ]
 
 
 def _rl_fields(kind: job_pb2.JobKind, step: int, rng: random.Random) -> dict:
     """What a PPO or DPO job reports besides the training fields (trainer/rl/)."""
     if kind == job_pb2.PPO:
-        rollout = rng.uniform(1.1, 1.3)
         return {
             "reward_mean": min(0.9, 0.2 + step / 500),
             "reward_std": 0.4,
@@ -126,8 +134,7 @@ def _rl_fields(kind: job_pb2.JobKind, step: int, rng: random.Random) -> dict:
             "entropy": rng.uniform(2.0, 2.2),
             "clip_fraction": rng.uniform(0.05, 0.1),
             "response_length": rng.uniform(14, 18),
-            "rollout_seconds": rollout,
-            "update_seconds": rollout * 0.6,
+            "rollout_seconds": rng.uniform(1.1, 1.3),
             "pass_rate": min(0.9, 0.2 + step / 500),
         }
     if kind == job_pb2.DPO:
@@ -192,6 +199,8 @@ class SimulatedFleet:
         """The next step's report, as a trainer would send it."""
         rng = self.rng
         sim.step += 1
+        if sim.job.spec.kind == job_pb2.SERVE:
+            return self._heartbeat(sim)
         checkpoint = sim.step % 50 == 0  # a checkpoint write makes every 50th step slow
         step_time = sim.step_seconds * rng.uniform(0.95, 1.08) * (4.0 if checkpoint else 1.0)
         loss = 2.4 + 8.4 * math.exp(-sim.step / 300) + rng.gauss(0, 0.03)
@@ -224,6 +233,30 @@ class SimulatedFleet:
         if sim.moe_experts:
             self._routing(sim, p)
         return p
+
+    def _heartbeat(self, sim: SimulatedJob) -> progress_pb2.Progress:
+        """A serve job's heartbeat (trainer/serve/server.py): load, KV blocks, window latency."""
+        rng = self.rng
+        running = rng.randint(4, 12)
+        used = running * rng.randint(6, 10)
+        ttft, itl = rng.uniform(0.05, 0.2), rng.uniform(0.01, 0.03)
+        return progress_pb2.Progress(
+            job_id=sim.job.id,
+            attempt=sim.job.attempts,
+            phase="serve",
+            endpoint="http://127.0.0.1:8000",
+            running_requests=running,
+            waiting_requests=rng.randint(0, 3),
+            kv_blocks_used=used,
+            kv_blocks_free=256 - used,
+            serve_preemptions=sim.step // 40,
+            requests_finished=3 * sim.step,
+            ttft_p50_seconds=ttft,
+            ttft_p99_seconds=3 * ttft,
+            itl_p50_seconds=itl,
+            itl_p99_seconds=2 * itl,
+            generated_tokens_per_second=running / itl,
+        )
 
     def _routing(self, sim: SimulatedJob, p: progress_pb2.Progress) -> None:
         """Two balanced MoE layers, top-2: loads within a few tens of percent of even."""

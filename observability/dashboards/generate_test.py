@@ -7,6 +7,8 @@ import yaml
 from observability.dashboards import generate
 from observability.dashboards.panels import DATASOURCE_UID
 from observability.queries import DASHBOARDS_DIR, dashboard_files
+from protos import metric_catalog, metric_panels
+from protos.metric_catalog import ANY, CATALOG
 
 PROVISIONING_DIR = DASHBOARDS_DIR.parent / "provisioning"
 
@@ -102,3 +104,52 @@ def test_provisioning_points_grafana_at_the_datasource_the_panels_use():
         for panel in board["panels"]:
             if panel["type"] != "row":
                 assert panel["datasource"] == {"type": "prometheus", "uid": DATASOURCE_UID}, uid
+
+
+def _rows(board: dict) -> dict[str, dict[str, dict]]:
+    """Row title -> panel title -> panel, of one committed dashboard."""
+    rows: dict[str, dict[str, dict]] = {}
+    current = rows.setdefault("", {})
+    for panel in board["panels"]:
+        if panel["type"] == "row":
+            current = rows.setdefault(panel["title"], {})
+        else:
+            current[panel["title"]] = panel
+    return rows
+
+
+def test_every_catalog_metric_is_drawn_where_the_catalog_says():
+    """protos/metric_catalog.py and the committed JSON agree: each metric that names a panel is
+    a target of that panel, on its row of its dashboard, with the panel's unit."""
+    committed = {uid: _rows(board) for uid, board in boards().items()}
+    for m in CATALOG:
+        if (spec := m.panel) is None:
+            continue
+        row = committed[spec.row.board.value].get(spec.row.title, {})
+        panel = row.get(spec.title)
+        assert panel, f"{m.name}: no panel {spec.title!r} on row {spec.row.title!r}"
+        assert panel["fieldConfig"]["defaults"]["unit"] == spec.unit, spec.title
+        exprs = [t["expr"] for t in panel["targets"]]
+        assert any(e.startswith(m.sample + "{") for e in exprs), f"{m.name} not in {exprs}"
+
+
+def test_a_new_metric_and_panel_need_only_catalog_lines(monkeypatch):
+    """#30: a metric (here a stand-in on gradient_noise_scale, a field the catalog does not
+    export) joins an existing panel, or brings its own, with no edit to the dashboard code."""
+    noise = metric_panels.Panel(metric_panels.RUN_RL, "Noise scale", "none", "B_simple " * 4)
+    new = [
+        metric_catalog.Metric(
+            "gradient_noise_scale", "kitchen_x_noise", "x.", ANY, panel=metric_panels.GRAD_NORM
+        ),
+        metric_catalog.Metric("gradient_noise_scale", "kitchen_y_noise", "y.", ANY, panel=noise),
+    ]
+    monkeypatch.setattr(metric_catalog, "CATALOG", (*CATALOG, *new))
+    rows = _rows(json.loads(generate.render_all()["kitchen-run.json"]))
+    grad = rows[metric_panels.RUN_MEMORY.title][metric_panels.GRAD_NORM.title]
+    assert [t["expr"] for t in grad["targets"]] == [
+        'kitchen_train_grad_norm{job_id=~"$job_id"}',
+        'kitchen_x_noise{job_id=~"$job_id"}',
+    ]
+    assert rows[metric_panels.RUN_RL.title]["Noise scale"]["targets"][0]["expr"].startswith(
+        "kitchen_y_noise{"
+    )
