@@ -10,7 +10,7 @@ from protos import layout, trainer_config_pb2
 from protos.enums import enum_name
 from trainer import distributed, expert_parallel, fp8
 from trainer.distributed import DistEnv
-from trainer.model import Transformer, select_ops
+from trainer.model import Transformer, head_dim, select_ops
 from trainer.optim import build_optimizer, build_scheduler
 from trainer.sizing import flops
 
@@ -74,7 +74,7 @@ def set_up(
         model.matmul_params(),
         cfg.model.n_layers,
         cfg.model.n_heads,
-        cfg.model.dim // cfg.model.n_heads,
+        head_dim(cfg.model),
         cfg.data.seq_len,
     )
     # Counted whole, before a pipeline layout keeps only this rank's stages.
