@@ -51,6 +51,11 @@ LAYOUTS: dict[str, tuple[int, dict, dict]] = {
         {},
     ),
     "dp2,pp2:ONE_F_ONE_B": (4, {"pipeline_parallel": 2, **PP_ACCUM}, {}),
+    "fsdp2,pp2:ONE_F_ONE_B": (  # FSDP gathers each stage's weights over data parallel
+        4,
+        {"pipeline_parallel": 2, "parallelism": "FSDP", **PP_ACCUM},
+        {},
+    ),
     "dp2,cp2": (4, {"context_parallel": 2}, {}),
     "ep2,dp2": (4, {"parallelism": "EXPERT", "expert_parallel": 2}, MOE),
 }
