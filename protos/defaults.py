@@ -8,9 +8,9 @@ launcher runs both at submit and the trainer again at start, so a job the launch
 is one the trainer accepts.
 
 Defaults that depend on other fields or on the machine are DERIVED, computed in
-`with_defaults`: n_kv_heads (= n_heads), ffn_dim (8/3 dim), max_seq_len (= data.seq_len),
-workers (the CPUs this process may use), parallelism (SINGLE, or DDP with several processes),
-rl.pass_verifier (= rl.reward),
+`with_defaults`: n_kv_heads (= n_heads), ffn_dim (8/3 dim), head_dim (dim / n_heads),
+max_seq_len (= data.seq_len), workers (the CPUs this process may use), parallelism (SINGLE,
+or DDP with several processes), rl.pass_verifier (= rl.reward),
 pipeline_virtual_stages (2 for the interleaved schedule, else 1).
 """
 
@@ -86,6 +86,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "n_heads": Field(8, 1, 1024),
         "n_kv_heads": Field(None, 1, 1024),
         "ffn_dim": Field(None, 1, 1 << 20),
+        "head_dim": Field(None, 2, 1 << 16),
         "max_seq_len": Field(None, 2, 1 << 20),
         "rope_theta": Field(10000.0, 0, 1e12, low_open=True),
         "norm_eps": Field(1e-5, 0, 1, low_open=True),
@@ -100,6 +101,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "moe_z_loss_coef": Field(0.001, 0, 100),
         "moe_capacity_factor": Field(0.0, 0, 1024),
         "moe_bias_update_rate": Field(0.001, 0, 1),
+        "moe_first_dense": Field(0, 0, 1024),
     },
     "optim": {
         "lr": Field(3e-3, 0, 10, low_open=True),
@@ -290,6 +292,8 @@ def with_defaults(
         m.n_kv_heads = m.n_heads
     if not m.HasField("ffn_dim"):
         m.ffn_dim = ffn_dim_for(m.dim)
+    if not m.HasField("head_dim") and m.dim % m.n_heads == 0:  # else validation names n_heads
+        m.head_dim = m.dim // m.n_heads
     if not m.HasField("max_seq_len"):
         m.max_seq_len = out.data.seq_len
     if not m.HasField("moe_ffn_dim"):

@@ -245,6 +245,12 @@ def validate_trainer(
     """The rules of a defaulted TrainerConfig (see the module docstring, rule 3)."""
     d, m, t = cfg.data, cfg.model, cfg.train
     validate_data(d)
+    check(  # with_defaults derives head_dim only where n_heads divides dim (before
+        # the ranges: an underived head_dim is 0)
+        m.HasField("head_dim"),
+        "trainer.model.n_heads",
+        f"{m.n_heads} does not divide dim {m.dim} (or set model.head_dim)",
+    )
     for section in ("model", "optim", "train", "checkpoint", "generate"):
         check_ranges(getattr(cfg, section), section, f"trainer.{section}")
     check_ranges(cfg.health, "health", "trainer.health")
@@ -269,13 +275,9 @@ def validate_trainer(
     if kind == job_pb2.DISTILL:
         validate_distill(cfg)
     check(
-        m.dim % m.n_heads == 0, "trainer.model.n_heads", f"{m.n_heads} does not divide dim {m.dim}"
-    )
-    head_dim = m.dim // m.n_heads
-    check(
-        head_dim % 2 == 0,
-        "trainer.model.n_heads",
-        f"{m.n_heads} heads give head_dim {head_dim}; rotary positions need an even head_dim",
+        m.head_dim % 2 == 0,
+        "trainer.model.head_dim",
+        f"{m.head_dim} (n_heads {m.n_heads} on dim {m.dim}): rotary positions need it even",
     )
     check(
         m.n_heads % m.n_kv_heads == 0,

@@ -112,6 +112,12 @@ def validate_moe(cfg: trainer_config_pb2.TrainerConfig, world_size: int) -> None
         "trainer.model.moe_every",
         f"{m.moe_every} is more than n_layers {m.n_layers}: no layer would be MoE",
     )
+    check(
+        any((i + 1) % m.moe_every == 0 for i in range(m.moe_first_dense, m.n_layers)),
+        "trainer.model.moe_first_dense",
+        f"{m.moe_first_dense} dense layers first leave no MoE layer of {m.n_layers} "
+        f"(moe_every {m.moe_every})",
+    )
     if not expert:
         return
     ep = t.expert_parallel or world_size

@@ -45,7 +45,12 @@ def test_a_minimal_spec_resolves_with_defaults():
             {"trainer__data__seq_len": 512, "trainer__model__max_seq_len": 256},
             "trainer.data.seq_len: 512 is longer than the model's positions",
         ),
-        ({"trainer__model__dim": 40}, "trainer.model.n_heads: 8 heads give head_dim 5"),
+        ({"trainer__model__dim": 40}, "trainer.model.head_dim: 5 (n_heads 8 on dim 40)"),
+        (
+            {"trainer__model__n_heads": 6, "trainer__model__head_dim": 41},
+            "trainer.model.head_dim: 41 (n_heads 6 on dim 256): rotary positions need it even",
+        ),
+        ({"trainer__model__head_dim": 1}, "trainer.model.head_dim: 1 is not in [2, 65,536]"),
         ({"trainer__model__n_layers": 0}, "trainer.model.n_layers: 0 is not in [1, 1,024]"),
         (
             {"trainer__model__n_layers": 2**31 - 1},
@@ -203,6 +208,18 @@ def test_an_rl_job_resolves_with_its_defaults():
     assert rl.pass_verifier == trainer_config_pb2.HAS_NUMBER  # derived from rl.reward
 
 
+def test_head_dim_frees_the_heads_from_dividing_dim():
+    """Qwen3-30B-A3B's attention: 32 heads of 128 on dim 2048; and heads that do not divide
+    dim at all, once head_dim says how wide they are."""
+    cfg = trainer_config_pb2.TrainerConfig()
+    cfg.model.dim, cfg.model.n_heads = 2048, 32
+    assert resolve_trainer(cfg).model.head_dim == 64  # derived: dim / n_heads
+    cfg.model.head_dim = 128
+    assert resolve_trainer(cfg).model.head_dim == 128
+    cfg.model.n_heads, cfg.model.n_kv_heads = 6, 2
+    assert resolve_trainer(cfg).model.head_dim == 128
+
+
 @pytest.mark.parametrize(
     "fields, processes, message",
     [
@@ -215,6 +232,11 @@ def test_an_rl_job_resolves_with_its_defaults():
             {"moe_experts": 4, "moe_every": 9},
             1,
             "trainer.model.moe_every: 9 is more than n_layers 4",
+        ),
+        (
+            {"moe_experts": 4, "moe_every": 2, "moe_first_dense": 4},
+            1,
+            "trainer.model.moe_first_dense: 4 dense layers first leave no MoE layer of 4",
         ),
         ({"parallelism": "EXPERT"}, 2, "trainer.train.parallelism: EXPERT shards experts"),
         ({"moe_experts": 6, "parallelism": "EXPERT"}, 4, "4 ranks cannot share moe_experts 6"),

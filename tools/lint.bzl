@@ -48,7 +48,9 @@ def package_lint(name = "lint", extra_python = [], exclude = [], mypy_deps = [])
             main = "//tools/lint:mypy_check.py",
             args = ["$(rootpath //:mypy.ini)"] + ["$(rootpath {})".format(f) for f in python],
             data = python + imports.keys() + mypy_deps + ["//:mypy.ini"],
-            size = "small",
+            # Following the imports takes 2-29 s at load average 9-17 on 2 cores (trainer's
+            # the most; tools/test_times.md): 60 s is too close.
+            size = "medium",
             tags = ["lint"],
             python_version = "PY3",
         )

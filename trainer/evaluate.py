@@ -9,9 +9,10 @@ model that learned something about the text does better.
 
 import math
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 
 from protos.trainer_config_pb2 import TrainerConfig
@@ -19,6 +20,9 @@ from trainer import distributed
 from trainer.distributed import DistEnv
 from trainer.lm_loss import summed_loss
 from trainer.model import attention_layout
+
+if TYPE_CHECKING:
+    from trainer.parallel.engine import Engine
 
 CONTEXT = 32
 CHOICES = 4
@@ -30,8 +34,9 @@ class HeldoutLoss(NamedTuple):
     tokens: int  # labelled tokens it was measured on
 
 
-def _eval_loader(dataset_path: str | Path, cfg: TrainerConfig, env: DistEnv):
-    """The eval split's loader, or None when the split has no rows."""
+def _eval_loader(dataset_path: str | Path, cfg: TrainerConfig, rank: int, ranks: int):
+    """The eval split's loader for data-parallel rank `rank` of `ranks`, or None when the
+    split has no rows."""
     from trainer.data.loader import PackedRowLoader
 
     try:
@@ -40,8 +45,8 @@ def _eval_loader(dataset_path: str | Path, cfg: TrainerConfig, env: DistEnv):
             split="eval",
             batch_size=cfg.train.micro_batch,
             seed=cfg.train.seed,
-            rank=env.rank,
-            world_size=env.world_size,
+            rank=rank,
+            world_size=ranks,
         )
     except ValueError:  # no rows: eval_fraction 0, or too few documents
         return None
@@ -58,10 +63,16 @@ def heldout_loss(
     cfg: TrainerConfig,
     env: DistEnv,
     dtype: torch.dtype,
+    engine: "Engine | None" = None,
 ) -> HeldoutLoss | None:
-    """Mean loss over the first `train.eval_batches` batches of the eval split (every rank
-    takes its own share); None when the split is empty."""
-    loader = _eval_loader(dataset_path, cfg, env)
+    """Mean loss over the first `train.eval_batches` batches of the eval split; None when the
+    split is empty. Each data-parallel rank takes its own share of the rows, and the sums add
+    over data parallel only. Under a model-parallel layout pass the trainer's `engine`: the
+    ranks of one model replica (tensor, context, pipeline) read the same rows and run one
+    sharded forward; without it every rank is a data-parallel rank (one process, DDP, FSDP,
+    expert parallel)."""
+    rank, ranks = engine.data_rank if engine else (env.rank, env.world_size)
+    loader = _eval_loader(dataset_path, cfg, rank, ranks)
     if loader is None:
         return None
     # Every rank must run the same number of forwards (FSDP gathers weights collectively).
@@ -74,6 +85,9 @@ def heldout_loss(
     batches = iter(loader)
     for _ in range(n):
         b = next(batches)
+        if engine is not None:
+            totals += engine.heldout_sums(b)
+            continue
         layout = attention_layout(b["document_ids"], env.device, dtype)
         b = {k: v.to(env.device) for k, v in b.items()}
         with _autocast(env.device, dtype):
@@ -82,7 +96,13 @@ def heldout_loss(
             ).double()
         totals[1] += (b["labels"] != -100).sum()
     model.train(was_training)
-    loss_sum, tokens = distributed.all_reduce_sum(totals).tolist()
+    if engine is not None:
+        engine.replica_sum(totals)
+        if engine.layout.dp > 1:
+            dist.all_reduce(totals, group=engine.mesh.group("dp"))
+    else:
+        distributed.all_reduce_sum(totals)
+    loss_sum, tokens = totals.tolist()
     if tokens == 0:
         return None
     loss = loss_sum / tokens
@@ -131,7 +151,7 @@ def choice_accuracy(
     """
     from trainer.data.tokenizer import load_tokenizer
 
-    loader = _eval_loader(dataset_path, cfg, env)
+    loader = _eval_loader(dataset_path, cfg, env.rank, env.world_size)
     if loader is None:
         return math.nan, 0
     docs = _documents(loader, min(len(loader), 4 * cfg.train.eval_batches), 2 * CONTEXT)

@@ -60,6 +60,7 @@ class Trainer(LoopCheckpoints):
         parts = model_setup.set_up(cfg, env, recipe, self.dtype, log)
         self.bare, self.started = parts.bare, parts.started
         self.model, self.engine, self.layout = parts.model, parts.engine, parts.layout
+        recipe.engine = self.engine  # a language-model recipe's eval runs on it
         self.parallelism, self.flops_per_token = parts.parallelism, parts.flops_per_token
         self.optimizer, self.scheduler = parts.optimizer, parts.scheduler
         self.scaler = parts.scaler
@@ -309,9 +310,6 @@ class Trainer(LoopCheckpoints):
 
     def evaluate(self) -> float:
         """The recipe's held-out evaluation: logged, and a progress record."""
-        if self.layout.pp > 1 or self.layout.cp > 1:
-            self.log(f"eval: not run under {self.layout.describe()} (pipeline/context parallel)")
-            return math.nan
         start = time.perf_counter()
         result = self.recipe.evaluate(self.model, self.step)
         self.goodput.add("eval", time.perf_counter() - start)

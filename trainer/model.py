@@ -79,11 +79,16 @@ Head = Callable[["Transformer", torch.Tensor], torch.Tensor]
 """What a forward returns from the final hidden states (B, T, dim), given the model."""
 
 
+def head_dim(cfg) -> int:
+    """One attention head's width: model.head_dim (0 in configs saved before it existed)."""
+    return cfg.head_dim or cfg.dim // cfg.n_heads
+
+
 class Attention(nn.Module):
     def __init__(self, cfg, ops):
         super().__init__()
         self.n_heads, self.n_kv_heads = cfg.n_heads, cfg.n_kv_heads
-        self.head_dim = cfg.dim // cfg.n_heads
+        self.head_dim = head_dim(cfg)
         self.wq = nn.Linear(cfg.dim, self.n_heads * self.head_dim, bias=False)
         self.wk = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
         self.wv = nn.Linear(cfg.dim, self.n_kv_heads * self.head_dim, bias=False)
@@ -176,7 +181,7 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.dim, vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.rope = RotaryEmbedding(cfg.dim // cfg.n_heads, cfg.max_seq_len, cfg.rope_theta, ops)
+        self.rope = RotaryEmbedding(head_dim(cfg), cfg.max_seq_len, cfg.rope_theta, ops)
         self.ops = ops
         self.init_weights()
 

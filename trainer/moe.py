@@ -47,8 +47,9 @@ STATS = ("assignments", "dropped", "aux", "z", "entropy", "tokens", "skew", "mic
 
 
 def is_moe_layer(cfg: trainer_config_pb2.ModelConfig, layer: int) -> bool:
-    """Whether block `layer` has experts: every `moe_every`-th block, counting from 1."""
-    return cfg.moe_experts > 0 and (layer + 1) % cfg.moe_every == 0
+    """Whether block `layer` has experts: every `moe_every`-th block, counting from 1, after
+    the first `moe_first_dense` (trainer/sizing/moe.py's MoESpec.moe_layers counts the same)."""
+    return cfg.moe_experts > 0 and layer >= cfg.moe_first_dense and (layer + 1) % cfg.moe_every == 0
 
 
 def feed_forward(cfg: trainer_config_pb2.ModelConfig, ops, layer: int) -> nn.Module:

@@ -33,6 +33,7 @@ from trainer.distributed import DistEnv
 
 if TYPE_CHECKING:
     from trainer.jobs.context import JobContext
+    from trainer.parallel.engine import Engine
 
 
 class Batches(Protocol):
@@ -93,6 +94,9 @@ class Recipe:
         self.device = env.device
         # The architecture its checkpoints record (an RL recipe's is its policy checkpoint's).
         self.model_config: trainer_config_pb2.ModelConfig = cfg.model
+        # The model-parallel engine (trainer/parallel/engine.py) when the layout has one: set
+        # by the core once the model is wrapped.
+        self.engine: Engine | None = None
 
     @classmethod
     def for_job(cls, ctx: "JobContext") -> Self:

@@ -52,10 +52,16 @@ def hf_name(name: str) -> str:
     return f"model.layers.{layer}.{_BLOCK[rest]}"
 
 
+def _head_dim(m: trainer_config_pb2.ModelConfig) -> int:
+    """As trainer.model.head_dim (this module stays torch-free): 0 in a checkpoint saved
+    before model.head_dim existed means dim / n_heads."""
+    return m.head_dim or m.dim // m.n_heads
+
+
 def expected_shapes(m: trainer_config_pb2.ModelConfig, vocab: int) -> dict[str, tuple]:
     """HF tensor name -> shape, and the config.json field each dimension comes from, for a
     model of ModelConfig `m` (resolved). lm_head only when the embeddings are not tied."""
-    head = m.dim // m.n_heads
+    head = _head_dim(m)
     block = {
         "self_attn.q_proj.weight": (m.n_heads * head, m.dim),
         "self_attn.k_proj.weight": (m.n_kv_heads * head, m.dim),
@@ -80,7 +86,7 @@ SHAPE_FIELDS = {
     "q_proj": "num_attention_heads, head_dim, hidden_size",
     "k_proj": "num_key_value_heads, head_dim, hidden_size",
     "v_proj": "num_key_value_heads, head_dim, hidden_size",
-    "o_proj": "hidden_size, num_attention_heads",
+    "o_proj": "hidden_size, num_attention_heads, head_dim",
     "gate_proj": "intermediate_size, hidden_size",
     "up_proj": "intermediate_size, hidden_size",
     "down_proj": "hidden_size, intermediate_size",
@@ -112,7 +118,7 @@ def hf_config(
         "num_hidden_layers": m.n_layers,
         "num_attention_heads": m.n_heads,
         "num_key_value_heads": m.n_kv_heads,
-        "head_dim": m.dim // m.n_heads,
+        "head_dim": _head_dim(m),
         "hidden_act": "silu",
         "max_position_embeddings": m.max_seq_len,
         "rms_norm_eps": _decimal(m.norm_eps),
@@ -188,17 +194,11 @@ def model_config(config: dict, source: str) -> tuple[trainer_config_pb2.ModelCon
     dim = _field(config, "hidden_size", int, source)
     heads = _field(config, "num_attention_heads", int, source)
     kv_heads = _field(config, "num_key_value_heads", int, source, heads)
-    _refuse_unless(heads > 0 and dim % heads == 0, source, "num_attention_heads",
-                   f"{heads} does not divide hidden_size {dim}")  # fmt: skip
-    head_dim = config.get("head_dim") or dim // heads
-    _refuse_unless(
-        head_dim == dim // heads,
-        source,
-        "head_dim",
-        f"{head_dim}; Kitchen's model has head_dim = hidden_size / num_attention_heads = "
-        f"{dim // heads}",
-    )
-    _refuse_unless(head_dim % 2 == 0, source, "head_dim", f"{head_dim}: rotary needs even")
+    _refuse_unless(heads > 0, source, "num_attention_heads", f"{heads} must be positive")
+    width = config.get("head_dim") or (dim // heads if dim % heads == 0 else 0)
+    _refuse_unless(width > 0, source, "num_attention_heads",
+                   f"{heads} does not divide hidden_size {dim}, nor is head_dim given")  # fmt: skip
+    _refuse_unless(width % 2 == 0, source, "head_dim", f"{width}: rotary needs even")
     _refuse_unless(kv_heads > 0 and heads % kv_heads == 0, source, "num_key_value_heads",
                    f"{kv_heads} does not divide num_attention_heads {heads}")  # fmt: skip
     act = config.get("hidden_act", "silu")
@@ -210,6 +210,7 @@ def model_config(config: dict, source: str) -> tuple[trainer_config_pb2.ModelCon
         n_layers=_field(config, "num_hidden_layers", int, source),
         n_heads=heads,
         n_kv_heads=kv_heads,
+        head_dim=width,
         ffn_dim=_field(config, "intermediate_size", int, source),
         max_seq_len=_field(config, "max_position_embeddings", int, source, 2048),
         rope_theta=_rope_theta(config, source),

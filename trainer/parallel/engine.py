@@ -13,6 +13,7 @@ a model-parallel layout are the language-model ones (trainer/recipes/).
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from protos.layout import ParallelLayout
@@ -109,6 +110,45 @@ class Engine:
                 loss_sum += loss.detach().double() * n_tokens
         grads.sum_over(self.params, self.replicas)
         return loss_sum / self.layout.tp
+
+    @property
+    def data_rank(self) -> tuple[int, int]:
+        """(this rank's place along data parallel, the degree): the ranks that read different
+        rows; the tensor, context and pipeline ranks of one model replica read the same."""
+        return self.mesh.rank("dp"), self.layout.dp
+
+    @torch.no_grad()
+    def heldout_sums(self, batch: dict) -> torch.Tensor:
+        """(summed loss, labelled tokens) in float64 of one held-out batch, forward only, as
+        this rank's share of its model replica: context-parallel ranks hold their tokens',
+        pipeline ranks other than the last stage's zeros, tensor-parallel peers each the
+        whole. `replica_sum` of the shares is the replica's; the batch is whole rows, the
+        same on every rank of the replica."""
+        b = context.shard_batch(batch, self.layout.cp, self.cp_rank)
+        b = {k: v.to(self.device) for k, v in b.items()}
+        sums = torch.zeros(2, dtype=torch.float64, device=self.device)
+        if self.layout.pp == 1:
+            mask = self.attention_layout(b["document_ids"])
+            sums[0] = self.part(b["input_ids"], b["position_ids"], mask, b["labels"]).double()
+        else:
+            logits = pipeline.forward_only(
+                self.stages, self.layout, self.pp_rank, self.mesh.group("pp"), b
+            )
+            if logits is None:  # not the last stage: the loss is counted there
+                return sums
+            flat = logits.reshape(-1, logits.shape[-1])
+            sums[0] = self.part.ops.cross_entropy(flat, b["labels"].reshape(-1), reduction="sum")
+        sums[1] = (b["labels"] != -100).sum()
+        return sums
+
+    def replica_sum(self, sums: torch.Tensor) -> torch.Tensor:
+        """`heldout_sums` shares added over the model replica (context and pipeline ranks,
+        not the tensor-parallel peers, who hold the same whole), in place: the replica's
+        totals, on each of its ranks."""
+        for name in ("cp", "pp"):
+            if self.mesh[name].size() > 1:
+                dist.all_reduce(sums, group=self.mesh.group(name))
+        return sums
 
     def clip(self, max_norm: float) -> float:
         """Clip to `max_norm` (0: no clipping); the global gradient norm before clipping."""

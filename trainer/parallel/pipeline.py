@@ -19,6 +19,7 @@ micro-batches' activations alive at once); ONE_F_ONE_B alternates once the pipel
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import (
     PipelineStage,
@@ -144,3 +145,35 @@ def build_schedule(
         return ScheduleInterleaved1F1B(stages, n_microbatches, loss_fn, scale_grads=False)
     single = {Schedule.GPIPE: ScheduleGPipe, Schedule.ONE_F_ONE_B: Schedule1F1B}[layout.schedule]
     return single(stages[0], n_microbatches, loss_fn, scale_grads=False)
+
+
+def forward_only(
+    modules: list[Stage],
+    layout: ParallelLayout,
+    pp_rank: int,
+    group,
+    micro_batch: dict[str, torch.Tensor],
+) -> torch.Tensor | None:
+    """One micro-batch through every stage, forward only (held-out eval): the logits on the
+    rank of the last stage, None on the others.
+
+    Stage s runs on pipeline rank s % pp and sends its hidden states to the next with plain
+    point-to-point messages, in stage order: no schedule, so any batch shape goes (a bucket's
+    width, an eval batch before the first training step). The hidden states travel as fp32,
+    as the training schedule declares them."""
+    ids, positions, docs = (micro_batch[k] for k in ("input_ids", "position_ids", "document_ids"))
+    rows, seq = ids.shape
+    hidden_seq = seq // layout.tp if layout.sequence_parallel else seq
+    dim = next(b for b in modules[0].blocks).ffn_norm.weight.shape[-1]
+    x: torch.Tensor = ids
+    for s in range(layout.stages):
+        if s % layout.pp != pp_rank:
+            continue
+        if s > 0:
+            x = torch.empty(rows, hidden_seq, dim, dtype=torch.float32, device=ids.device)
+            dist.recv(x, group=group, group_src=(s - 1) % layout.pp)
+        out = modules[s // layout.pp](x, positions, docs)
+        if s == layout.stages - 1:
+            return out
+        dist.send(out[0].float().contiguous(), group=group, group_dst=(s + 1) % layout.pp)
+    return None

@@ -15,7 +15,7 @@ from trainer import checkpoint, evaluate
 from trainer.data.loader import PackedRowLoader
 from trainer.lm_loss import packed_rows_loss
 from trainer.loop import Trainer
-from trainer.model import Transformer, select_ops
+from trainer.model import Transformer, head_dim, select_ops
 from trainer.recipe import BatchCounts, Evaluation, Recipe
 from trainer.sizing import flops
 
@@ -43,7 +43,7 @@ class LanguageModelRecipe(Recipe):
     def flops_per_token(self, model: torch.nn.Module) -> float:
         m = self.cfg.model
         return flops.flops_per_token(
-            model.matmul_params(), m.n_layers, m.n_heads, m.dim // m.n_heads, self.cfg.data.seq_len
+            model.matmul_params(), m.n_layers, m.n_heads, head_dim(m), self.cfg.data.seq_len
         )
 
     def batches(self, rank: int, ranks: int, model: torch.nn.Module) -> PackedRowLoader:
@@ -66,7 +66,9 @@ class LanguageModelRecipe(Recipe):
         return packed_rows_loss(model, batch, self.device, self.dtype)
 
     def evaluate(self, model: torch.nn.Module, step: int) -> Evaluation | None:
-        result = evaluate.heldout_loss(model, self.dataset, self.cfg, self.env, self.dtype)
+        result = evaluate.heldout_loss(
+            model, self.dataset, self.cfg, self.env, self.dtype, self.engine
+        )
         if result is None:
             return Evaluation(math.nan, "eval: the held-out split is empty; no eval loss")
         message = (

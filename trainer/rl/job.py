@@ -16,7 +16,7 @@ from protos.enums import enum_name
 from protos.files import write_json_atomic
 from trainer import checkpoint
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
-from trainer.model import Transformer, select_ops
+from trainer.model import Transformer, head_dim, select_ops
 from trainer.recipe import Recipe
 from trainer.rl import policy, verifiers
 from trainer.sizing import flops
@@ -135,7 +135,7 @@ class RlRecipe(Recipe):
         m = self.model_config
         lm = self.language_model(model)
         return flops.flops_per_token(
-            lm.matmul_params(), m.n_layers, m.n_heads, m.dim // m.n_heads, self.policy.max_len
+            lm.matmul_params(), m.n_layers, m.n_heads, head_dim(m), self.policy.max_len
         )
 
     def summary(self, run_dir, **facts) -> None:

@@ -54,10 +54,11 @@ class ModelShape:
     ffn_dim: int
     vocab: int
     tie_embeddings: bool = False
+    head_dim: int = 0  # 0: dim / heads
 
-    @property
-    def head_dim(self) -> int:
-        return self.dim // self.heads
+    def __post_init__(self):
+        if not self.head_dim:
+            object.__setattr__(self, "head_dim", self.dim // self.heads)
 
 
 @dataclasses.dataclass(frozen=True)

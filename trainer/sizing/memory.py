@@ -119,6 +119,7 @@ def layer_activations(
     flash_attention: bool = False,
     kv_heads: int | None = None,
     ffn_dim: int | None = None,
+    head_dim: int | None = None,
     tp: int = 1,
     sequence_parallel: bool = False,
 ) -> LayerActivations:
@@ -132,10 +133,11 @@ def layer_activations(
     `ffn_dim` (a SwiGLU MLP, Llama's and Kitchen's) the MLP keeps gate and up (Kitchen's fused
     SwiGLU, kernels/ops/swiglu.py, saves those two and recomputes silu in backward) and the
     down projection's input, their product: 3·ffn_dim/h tensors (an unfused F.silu(gate) * up
-    would keep silu(gate) as well: 4). `sizes` says the bytes of each kind (precision.py: under
-    autocast the residual stream is fp32 and q, k, v and gate, up each save a cast of their
-    input). Defaults (plain MHA, a 4h GeLU MLP, 2 bytes everywhere) give Korthikanti's
-    formula exactly.
+    would keep silu(gate) as well: 4). With `head_dim` (heads of Q other than h/a, as
+    Qwen3-30B-A3B's 32 of 128 on h 2048) Q, K, V and the attention output are a·Q/h as wide.
+    `sizes` says the bytes of each kind (precision.py: under autocast the residual stream is
+    fp32 and q, k, v and gate, up each save a cast of their input). Defaults (plain MHA, a 4h
+    GeLU MLP, 2 bytes everywhere) give Korthikanti's formula exactly.
     """
     if recompute not in RECOMPUTE_MODES:
         raise ValueError(f"recompute: expected one of {list(RECOMPUTE_MODES)}, got {recompute!r}")
@@ -153,7 +155,7 @@ def layer_activations(
     return LayerActivations(
         norm_inputs=2 * sizes.residual / outside,
         linear_inputs=(inputs * sizes.linear_input + masks) / outside,
-        attention=(2 + 2 * kv) * e / t,
+        attention=(2 + 2 * kv) * (a * head_dim / hidden if head_dim else 1.0) * e / t,
         mlp=mlp * e / t,
         score_bytes=scores,
     )

@@ -114,3 +114,19 @@ def test_bad_arguments_are_named(kwargs, field):
         memory.model_state_bytes(N, per_param=ZERO_PAPER_MIXED, **kwargs)
     with pytest.raises(ValueError, match="recompute"):
         memory.activation_bytes_per_layer(1, 1, 1, 1, "some")
+
+
+def test_heads_wider_than_h_over_a_widen_q_k_v_and_the_attention_output():
+    """Qwen3-30B-A3B's attention: 32 heads of 128 on h 2048 (a·Q = 2h), 4 key/value heads:
+    q and o's input 2 tensors of 2h, k and v 2·(4/32)·2h, so 4 + 1 = 5 where a·Q = h gives 2.5."""
+    plain = memory.layer_activations(2048, 32, kv_heads=4, ffn_dim=768, dropout=False)
+    wide = memory.layer_activations(2048, 32, kv_heads=4, ffn_dim=768, dropout=False, head_dim=128)
+    assert plain.attention == pytest.approx((2 + 2 * 4 / 32) * 2)
+    assert wide.attention == pytest.approx(2 * plain.attention)
+    same = memory.layer_activations(2048, 32, kv_heads=4, ffn_dim=768, dropout=False, head_dim=64)
+    assert same == plain
+    assert (wide.norm_inputs, wide.linear_inputs, wide.mlp) == (
+        plain.norm_inputs,
+        plain.linear_inputs,
+        plain.mlp,
+    )

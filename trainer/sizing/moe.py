@@ -16,9 +16,10 @@ All-to-all, per MoE layer and token: the k routed copies of its hidden vector (d
 bytes) go to their experts and come back, forward and again backward: 4·k·d·e bytes, of which
 (P − 1)/P leave the rank.
 
-Published shapes reproduced here (test): Mixtral 8x7B (46.7B total, 12.9B active) and
+Published shapes reproduced here (test): Mixtral 8x7B (46.7B total, 12.9B active),
 DeepSeek-V3 (671B, 37B; multi-head latent attention, 3 dense layers first, 1 shared expert;
-the 14B multi-token-prediction module is not part of the 671B).
+the 14B multi-token-prediction module is not part of the 671B) and Qwen3-30B-A3B (30.53B,
+3.35B; heads wider than dim / heads).
 """
 
 from dataclasses import dataclass
@@ -81,9 +82,10 @@ class MoEParamCount:
         return self.total - self.routed + self.routed / expert_parallel
 
 
-def gqa_attention_params(dim: int, heads: int, kv_heads: int) -> int:
-    """Llama attention (q, k, v, o) and the block's two norms, as trainer/sizing/params.py."""
-    return llama_param_count(dim, 1, heads, kv_heads, 0, 0, True).per_layer
+def gqa_attention_params(dim: int, heads: int, kv_heads: int, head_dim: int = 0) -> int:
+    """Llama attention (q, k, v, o) and the block's two norms, as trainer/sizing/params.py
+    (`head_dim` 0: dim / heads)."""
+    return llama_param_count(dim, 1, heads, kv_heads, 0, 0, True, head_dim).per_layer
 
 
 def mla_attention_params(
@@ -142,6 +144,16 @@ PRESETS = {
         spec=MoESpec(experts=256, top_k=8, expert_ffn_dim=2048, shared_experts=1, first_dense=3),
         attention_per_layer=mla_attention_params(7168, 128, 1536, 512, 128, 64, 128),
         published=(671e9, 37e9),
+    ),
+    # Qwen team, "Qwen3 Technical Report" (2025), and Qwen3-30B-A3B's config.json: heads of
+    # 128 on dim 2048 (not 2048/32 = 64), every layer MoE (its intermediate_size 6144 unused).
+    # Its per-head q/k RMSNorm weights (48 · 2 · 128) are left out, as Kitchen has none.
+    "qwen3-30b-a3b": MoEPreset(
+        shape=dict(
+            layers=48, dim=2048, heads=32, kv_heads=4, head_dim=128, ffn_dim=6144, vocab=151936
+        ),
+        spec=MoESpec(experts=128, top_k=8, expert_ffn_dim=768),
+        published=(30.5e9, 3.3e9),
     ),
 }
 

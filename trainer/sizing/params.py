@@ -1,7 +1,8 @@
 """Parameter counts of a Llama-style decoder from its shape (the Kitchen trainer's model).
 
-Per layer: attention q and o projections d·d each, k and v d·(KVH·Q) each (grouped-query
-attention shares KVH < H key/value heads), SwiGLU MLP 3·d·f (gate, up, down), two RMSNorm
+Per layer: attention q and o projections d·(H·Q) each, k and v d·(KVH·Q) each (H heads of
+width Q, d/H unless a model says otherwise; grouped-query attention shares KVH < H key/value
+heads), SwiGLU MLP 3·d·f (gate, up, down), two RMSNorm
 weights d each; no biases. Around the layers: token embedding V·d, final norm d, output
 projection V·d (the embedding matrix itself when tied).
 """
@@ -46,9 +47,11 @@ def llama_param_count(
     ffn_dim: int,
     vocab: int,
     tie_embeddings: bool,
+    head_dim: int = 0,
 ) -> ParamCount:
-    head_dim = dim // n_heads
-    attention = 2 * dim * dim + 2 * dim * n_kv_heads * head_dim
+    """`head_dim` 0: dim / n_heads."""
+    head_dim = head_dim or dim // n_heads
+    attention = 2 * dim * n_heads * head_dim + 2 * dim * n_kv_heads * head_dim
     mlp = 3 * dim * ffn_dim
     norms = 2 * dim
     return ParamCount(

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument("--layers", type=int, help="transformer layers L")
     m.add_argument("--dim", type=int, help="hidden size d")
-    m.add_argument("--heads", type=int, help="attention heads H (head dim Q = d/H)")
+    m.add_argument("--heads", type=int, help="attention heads H")
+    m.add_argument("--head-dim", type=int, help="one head's width Q (default: d/H)")
     m.add_argument("--kv-heads", type=int, help="key/value heads (default: --heads)")
     m.add_argument("--ffn-dim", type=int, help="SwiGLU width (default: the trainer's 8/3·d)")
     m.add_argument("--vocab", type=int, help="vocabulary size V")
@@ -126,7 +127,7 @@ def layout_costs(plan: Plan, a: argparse.Namespace):
 
     s = plan.model.shape
     shape = comm.ModelShape(
-        s.layers, s.dim, s.heads, s.kv_heads, s.ffn_dim, s.vocab, s.tie_embeddings
+        s.layers, s.dim, s.heads, s.kv_heads, s.ffn_dim, s.vocab, s.tie_embeddings, s.head_dim
     )
     gb = int(plan.batch.global_batch.value or 1)
     costs = recommend.candidates(
@@ -147,7 +148,8 @@ def _shape(a: argparse.Namespace) -> Shape:
     preset = PRESETS.get(a.preset) or (a.preset and moe_sizing.PRESETS[a.preset].shape)
     shape: dict[str, Any] = dict(preset) if preset else {}
     shape["tie_embeddings"] = False if a.preset else SECTIONS["model"]["tie_embeddings"].default
-    for key in ("layers", "dim", "heads", "kv_heads", "ffn_dim", "vocab", "tie_embeddings"):
+    keys = ("layers", "dim", "heads", "kv_heads", "head_dim", "ffn_dim", "vocab", "tie_embeddings")
+    for key in keys:
         if getattr(a, key) is not None:
             shape[key] = getattr(a, key)
     for key in ("layers", "dim", "heads", "vocab"):
@@ -158,13 +160,18 @@ def _shape(a: argparse.Namespace) -> Shape:
             raise PlanError(f"{flag}: {shape[key]} must be positive")
     shape.setdefault("kv_heads", shape["heads"])
     shape.setdefault("ffn_dim", ffn_dim_for(shape["dim"]))
-    if shape["dim"] % shape["heads"]:
-        raise PlanError(f"--heads: {shape['heads']} does not divide --dim {shape['dim']}")
+    if "head_dim" not in shape and shape["dim"] % shape["heads"]:
+        raise PlanError(
+            f"--heads: {shape['heads']} does not divide --dim {shape['dim']} (or give --head-dim)"
+        )
+    shape.setdefault("head_dim", shape["dim"] // shape["heads"])
+    if shape["head_dim"] <= 0:
+        raise PlanError(f"--head-dim: {shape['head_dim']} must be positive")
     if shape["kv_heads"] <= 0 or shape["heads"] % shape["kv_heads"]:
         raise PlanError(f"--kv-heads: {shape['kv_heads']} does not divide --heads {shape['heads']}")
     if shape["ffn_dim"] <= 0:
         raise PlanError(f"--ffn-dim: {shape['ffn_dim']} must be positive")
-    return Shape(**shape, head_dim=shape["dim"] // shape["heads"])
+    return Shape(**shape)
 
 
 def _hardware(a: argparse.Namespace) -> tuple[str, float, str, float]:
@@ -210,7 +217,7 @@ def make_plan(a: argparse.Namespace) -> Plan:
     a.attention = a.attention or ("materialized" if on_cpu else "flash")
     s = _shape(a)
     L, d, H, V, T, Q = s.layers, s.dim, s.heads, s.vocab, a.seq_len, s.head_dim
-    pc = llama_param_count(d, L, H, s.kv_heads, s.ffn_dim, V, s.tie_embeddings)
+    pc = llama_param_count(d, L, H, s.kv_heads, s.ffn_dim, V, s.tie_embeddings, Q)
     experts = plan_moe.experts(a, s)  # None for a dense model
     total = int(a.params) if a.params else (experts.total if experts else pc.total)
     n = total - (0 if s.tie_embeddings else V * d) - d if a.params else pc.non_embedding
@@ -229,7 +236,7 @@ def make_plan(a: argparse.Namespace) -> Plan:
             if a.params
             else ("V·d (tied) + L·layer + d" if s.tie_embeddings else "2·V·d + L·layer + d"),
         ),
-        params_per_layer=q(pc.per_layer, "params", "2·d² + 2·d·KVH·Q + 3·d·f + 2·d"),
+        params_per_layer=q(pc.per_layer, "params", "2·d·H·Q + 2·d·KVH·Q + 3·d·f + 2·d"),
         non_embedding=q(
             n,
             "params",

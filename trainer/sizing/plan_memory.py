@@ -55,6 +55,7 @@ def section(
             flash_attention=flash,
             kv_heads=s.kv_heads,
             ffn_dim=s.ffn_dim,
+            head_dim=s.head_dim,
         )
         layer = memory.layer_activations(d, H, mode, **kw)
         act_bytes[mode] = memory.activation_bytes_per_layer(T, b, d, H, mode, **kw)

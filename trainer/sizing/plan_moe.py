@@ -14,6 +14,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     e.add_argument("--shared-experts", type=int, default=0, help="always-on experts (0)")
     e.add_argument("--expert-ffn-dim", type=int, help="one expert's width (default: --ffn-dim)")
     e.add_argument("--moe-every", type=int, default=1, help="every k-th layer is MoE (1)")
+    e.add_argument(
+        "--first-dense", type=int, default=0, help="the first layers stay dense (0; DeepSeek-V3 3)"
+    )
     e.add_argument("--expert-parallel", type=int, default=1, help="ranks sharing experts (1)")
 
 
@@ -29,9 +32,22 @@ def spec(a: argparse.Namespace, s: Shape) -> moe_sizing.MoESpec | None:
         raise PlanError(f"--top-k: {a.top_k} is more than --experts {a.experts}")
     if a.shared_experts < 0:
         raise PlanError(f"--shared-experts: {a.shared_experts} must not be negative")
-    return moe_sizing.MoESpec(
-        a.experts, a.top_k, a.expert_ffn_dim or s.ffn_dim, a.shared_experts, a.moe_every
+    if a.first_dense < 0:
+        raise PlanError(f"--first-dense: {a.first_dense} must not be negative")
+    moe_spec = moe_sizing.MoESpec(
+        a.experts,
+        a.top_k,
+        a.expert_ffn_dim or s.ffn_dim,
+        a.shared_experts,
+        a.moe_every,
+        a.first_dense,
     )
+    if moe_spec.moe_layers(s.layers) == 0:
+        raise PlanError(
+            f"--first-dense: {a.first_dense} dense layers first leave no MoE layer of "
+            f"{s.layers} (--moe-every {a.moe_every})"
+        )
+    return moe_spec
 
 
 def experts(a: argparse.Namespace, s: Shape) -> moe_sizing.MoEParamCount | None:
@@ -52,7 +68,7 @@ def experts(a: argparse.Namespace, s: Shape) -> moe_sizing.MoEParamCount | None:
         tie_embeddings=s.tie_embeddings,
         dense_ffn_dim=s.ffn_dim,
         attention_per_layer=attention
-        or moe_sizing.gqa_attention_params(s.dim, s.heads, s.kv_heads),
+        or moe_sizing.gqa_attention_params(s.dim, s.heads, s.kv_heads, s.head_dim),
         spec=moe_spec,
     )
 

@@ -71,6 +71,7 @@ def cost(
         flash_attention=True,
         kv_heads=shape.kv_heads,
         ffn_dim=shape.ffn_dim,
+        head_dim=shape.head_dim,
         tp=lay.tp,
         sequence_parallel=lay.sequence_parallel,
     )

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from protos.trainer_config_pb2 import ModelConfig, TrainerConfig
-from trainer.model import Head, Layout, Transformer, select_ops
+from trainer.model import Head, Layout, Transformer, head_dim, select_ops
 from trainer.sizing import flops
 from trainer.vlm.encoder import VisionEncoder
 from trainer.vlm.projector import Projector
@@ -96,7 +96,7 @@ class VisionLanguageModel(nn.Module):
             self.lm.matmul_params(),
             m.n_layers,
             m.n_heads,
-            m.dim // m.n_heads,
+            head_dim(m),
             self.cfg.data.seq_len + self.image_tokens,
         )
         return flops.vlm_flops_per_row(vision, per_token, self.image_tokens + text_tokens)
