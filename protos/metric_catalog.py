@@ -126,6 +126,8 @@ CATALOG = (
     M("response_length", "kitchen_rl_response_length_tokens", "Mean response length, tokens.",
       PPO, _NZ, P.POLICY, "length "),
     M("value_loss", "kitchen_rl_value_loss", "PPO: value head loss.", PPO, _NZ),
+    M("rollout_logprob_diff", "kitchen_rl_rollout_logprob_diff", "PPO: largest |engine - "
+      "trainer| log-probability of a rollout token, nats.", PPO, _NZ, P.LOGPROB_DIFF),
     M("preference_accuracy", "kitchen_rl_preference_accuracy_ratio", "Chosen scored above "
       "rejected, 0-1.", PAIRS, _NZ, P.PREFERENCES, "accuracy "),
     M("margin", "kitchen_rl_margin", "Mean chosen minus rejected score.", PAIRS, _NZ,

@@ -157,6 +157,16 @@ ROLLOUT_TIME = Panel(
     "prompts per rollout before buying faster optimizers.",
     0,
 )
+LOGPROB_DIFF = Panel(
+    RUN_RL,
+    "Rollout vs trainer log-probabilities",
+    "none",
+    "PPO: the largest difference, in nats, between the log-probability the inference engine "
+    "reported for a sampled token and the trainer's recomputation from the same weights. Kitchen "
+    "samples with the trained model itself, so it is float rounding (about 1e-6 in fp32); a jump "
+    "means the two paths compute different things and the policy gradient is off-policy.",
+    0,
+)
 POLICY = Panel(
     RUN_RL,
     "Entropy, clip fraction, response length",

@@ -59,11 +59,11 @@ class Policy:
         per_prompt: int,
         rl: trainer_config_pb2.RlConfig,
         generator: torch.Generator,
-    ) -> tuple[list[list[int]], list[int], list[str]]:
+    ) -> tuple[policy.Rollouts, list[int], list[str]]:
         """`per_prompt` responses to each prompt from `lm`, sampled by the inference engine
-        from its live weights (trainer.rl's length and temperature; policy.sample): (sequences,
-        where each response starts, each response's text). Response i answers
-        prompts[i // per_prompt]."""
+        from its live weights (trainer.rl's length and temperature; policy.sample): (the
+        sequences and their log-probabilities, where each response starts, each response's
+        text). Response i answers prompts[i // per_prompt]."""
         ids = [self.prompt_ids(p) for p in prompts]
         out = policy.sample(
             lm,
@@ -74,9 +74,9 @@ class Policy:
             eos_id=self.tokenizer.eos_id,
             generator=generator,
             max_len=self.max_len,
-        ).sequences
-        starts = [len(ids[i // per_prompt]) for i in range(len(out))]
-        texts = [self.tokenizer.decode(o[s:]) for o, s in zip(out, starts, strict=True)]
+        )
+        starts = [len(ids[i // per_prompt]) for i in range(len(out.sequences))]
+        texts = [self.tokenizer.decode(o[s:]) for o, s in zip(out.sequences, starts, strict=True)]
         return out, starts, texts
 
 
@@ -216,7 +216,8 @@ def evaluate_policy(
     was_training = model.training
     model.eval()
     generator = torch.Generator(device=pol.device).manual_seed(cfg.train.seed + 1)
-    out, starts, texts = pol.sample(model, prompts, samples_per_prompt, rl, generator)
+    sampled, starts, texts = pol.sample(model, prompts, samples_per_prompt, rl, generator)
+    out = sampled.sequences
     verify = verifiers.VERIFIERS.get(rl.pass_verifier)
     rate = float("nan")
     if verify is not None:

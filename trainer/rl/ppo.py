@@ -38,6 +38,19 @@ from trainer.rl import job as rljob
 FIELDS = ("ids", "mask", "last", "old_logps", "ref_logps", "advantages", "old_values", "returns")
 
 
+def logprob_diff(engine: list[list[float]], trainer: torch.Tensor, starts: list[int]) -> float:
+    """The largest |engine - trainer| log pi over the response tokens (response i starts at
+    starts[i]; trainer[i, t] is log pi of token t + 1): what the engine reported when it
+    sampled them against what the trainer recomputes from the same weights."""
+    worst = 0.0
+    for row, (reported, start) in enumerate(zip(engine, starts, strict=True)):
+        if reported:
+            recomputed = trainer[row, start - 1 : start - 1 + len(reported)]
+            got = torch.tensor(reported, dtype=recomputed.dtype, device=recomputed.device)
+            worst = max(worst, float((got - recomputed).abs().max()))
+    return worst
+
+
 class Rollouts:
     """`Batches` of a PPO run: micro-batches of the current rollout, a new one when it is used
     up at a step's start (see the module docstring)."""
@@ -169,7 +182,8 @@ class PpoRecipe(rljob.RlRecipe):
         """Sample, score and evaluate one rollout with `model`'s current weights."""
         rl, G = self.cfg.rl, self.cfg.rl.group_size
         lm = policy.language_model(model)
-        out, starts, texts = self.policy.sample(lm, prompts, G, rl, gen)
+        sampled, starts, texts = self.policy.sample(lm, prompts, G, rl, gen)
+        out = sampled.sequences
         scores = self.score([prompts[i // G] for i in range(len(out))], texts, out, starts)
         scores = scores.float()
         batch = self.policy.batch(list(zip(out, starts, strict=True)))
@@ -191,6 +205,7 @@ class PpoRecipe(rljob.RlRecipe):
             "reward_std": float(scores.std()) if len(scores) > 1 else 0.0,
             "kl": float(((old_logps - ref_logps) * mask).sum(1).mean()),
             "response_length": sum(batch.response_lengths) / len(batch.response_lengths),
+            "rollout_logprob_diff": logprob_diff(sampled.logprobs, old_logps, starts),
         }
         return {
             "ids": batch.ids,
