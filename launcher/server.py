@@ -27,7 +27,9 @@ from launcher.auth import AuthInterceptor, TokenAuth
 from launcher.controller import Controller
 from launcher.events import JobEvents
 from launcher.executors.kubernetes import KubernetesExecutor
+from launcher.executors import sandbox
 from launcher.executors.local import LocalExecutor
+from launcher.executors.sandbox import Sandbox
 from launcher.executors.slurm import SlurmExecutor
 from launcher.health import NOT_SERVING, Health
 from launcher.metrics import LauncherMetrics
@@ -45,14 +47,14 @@ class StateDirBusy(RuntimeError):
     pass
 
 
-def _executor(pool, cfg):
+def _executor(pool, cfg, confine: Sandbox | None):
     if pool.executor == launcher_pb2.SLURM:
         return SlurmExecutor(pool.slurm, list(cfg.torchrun_cmd), images=cfg.images)
     if pool.executor == launcher_pb2.KUBERNETES:
         return KubernetesExecutor(
             pool, list(cfg.torchrun_cmd), cfg.kill_grace_seconds, state_dir=cfg.state_dir
         )
-    return LocalExecutor(list(cfg.torchrun_cmd), images=cfg.images)
+    return LocalExecutor(list(cfg.torchrun_cmd), images=cfg.images, sandbox=confine)
 
 
 def _host_port(address: str):
@@ -94,10 +96,15 @@ class Launcher:
         if not self.cfg.advertise:
             wildcard = host in ("0.0.0.0", "::", "")
             self.cfg.advertise = f"{os.uname().nodename}:{self.port}" if wildcard else self.address
-        executors = {p.name: _executor(p, self.cfg) for p in self.cfg.pools}
+        trainer_env = {**settings.trainer_env(), **(env or {})}
+        confine = None
+        if self.cfg.sandbox.mode == launcher_pb2.SANDBOX_BWRAP:
+            readonly = sandbox.code_dirs(self.cfg, trainer_env)
+            confine = Sandbox(self.cfg, readonly, self.store.team_of)
+        executors = {p.name: _executor(p, self.cfg, confine) for p in self.cfg.pools}
         self.controller = Controller(
             self.cfg, self.store, executors, self.metrics, self.events,
-            auth=self.auth is not None, env={**settings.trainer_env(), **(env or {})},
+            auth=self.auth is not None, env=trainer_env,
         )  # fmt: skip
         self.metrics.fleet = self.controller.fleet
         service = LauncherService(self.cfg, self.store, self.controller, self.events, self.auth)

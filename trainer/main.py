@@ -168,7 +168,7 @@ def evaluate_job(cfg, attempt: attempt_pb2.Attempt, env, log, client) -> ExitCod
     run_dir = Path(attempt.run_dir)
     dtype = train_dtype(cfg, env.device)
     if cfg.eval.tasks:  # an unknown task name: exit 2 before any checkpoint is evaluated
-        harness.task_specs(list(cfg.eval.tasks), cfg.eval.tasks_dir)
+        harness.task_specs(list(cfg.eval.tasks), cfg.eval.tasks_dir, cfg.eval.allow_task_code)
     targets: list[tuple[str, Path | None]] = [("", None)]
     if cfg.eval.sweep:
         targets = list(sweep.sweep_targets(Path(cfg.eval.sweep)))
