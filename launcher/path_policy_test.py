@@ -69,7 +69,10 @@ def test_auth_without_roots_allows_nothing_outside_the_state_dir(tree):
 def test_state_dir_shares_the_cache_and_the_teams_own_runs_only(tree):
     cfg = config(tree)
     state = tree / "state"
-    path_policy.check(spec(data__cache_dir=state / "precook"), cfg, TEAMS.get)
+    path_policy.check(spec(data__cache_dir=state / "precook" / "vision"), cfg, TEAMS.get)
+    shared = refused(spec(data__input=state / "precook"), cfg)  # every team's datasets
+    assert shared.startswith("trainer.data.input: ") and "per team" in shared
+    assert "per team" in refused(spec(data__input=state / "precook" / "speech" / "ds"), cfg)
     path_policy.check(spec(checkpoint__path=state / "runs" / "j000001" / "ck"), cfg, TEAMS.get)
     other = refused(spec(checkpoint__path=state / "runs" / "j000002"), cfg)
     assert other.startswith("trainer.checkpoint.path: ") and "team 'speech'" in other

@@ -185,7 +185,7 @@ class JobStore:
                 return self._new_identity(db)
         if "jobs" not in tables:
             raise StoreError(f"{self.path}: a SQLite database, but not a job store (no jobs table)")
-        if version == 1:
+        if version < 2:  # version 1 databases say 0 or 1
             return self._migrate_v1()
         if version == 2:
             with self._transaction() as db:

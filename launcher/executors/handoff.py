@@ -31,7 +31,9 @@ def attempt_message(
     """What the trainer of `job`'s current attempt is told (`cfg`: the resolved config)."""
     spec = job_pb2.JobSpec()
     spec.CopyFrom(job.spec)  # the launcher's word on what the job may do, not the submitter's:
-    spec.trainer.eval.allow_task_code = job.spec.team in cfg.task_code_teams
+    allowed = job.spec.team in cfg.task_code_teams
+    if allowed or spec.trainer.eval.allow_task_code:
+        spec.trainer.eval.allow_task_code = allowed
     return attempt_pb2.Attempt(
         job_id=job.id,
         number=job.attempts,

@@ -7,12 +7,13 @@ order (a later one covers an earlier one):
    Bazel runfiles tree links into) and `sandbox.readonly`;
 2. the launcher's state dir as an empty tmpfs, and its secret files (tokens_file, tls_key, the
    metrics token) as /dev/null, wherever step 1 made them visible;
-3. writable: the attempt's precook cache dir and the job's run directory; /tmp is the
-   attempt's own `tmp/`;
-4. read-only: each path the spec names, checked against the path policy again now (symlinks
-   resolved now, not at submit) and bound at the target it resolves to: a link placed in an
-   allowed directory, or a directory swapped for a link after submit, leads nowhere, because
-   only the checked target is in the sandbox;
+3. writable: the attempt's precook cache dir, the job's run directory and an EXPORT job's
+   hf.path; /tmp is the attempt's own `tmp/` (mounted first of all);
+4. read-only: the launcher's TLS root certificate (public), and each path the spec names,
+   checked against the path policy again now (symlinks resolved now, not at submit) and bound
+   at the target it resolves to: a link placed in an allowed directory, or a directory
+   swapped for a link after submit, leads nowhere, because only the checked target is in the
+   sandbox;
 5. a fresh /proc in a new PID namespace (no other process is visible, so no
    /proc/<pid>/environ or /proc/<pid>/root of the launcher), a minimal /dev with the attempt's
    GPUs' device nodes only, no capabilities, no new privileges, a new IPC and UTS namespace.
@@ -66,10 +67,10 @@ class Sandbox:
         for path in dict.fromkeys(writable):
             os.makedirs(path, exist_ok=True)
             out += ["--bind", os.path.realpath(path), path]
-        for _, message, name in path_fields(spec.trainer):
-            named = getattr(message, name)
-            if named and os.path.exists(named) and not any(_inside(named, w) for w in writable):
-                out += ["--ro-bind", os.path.realpath(named), named]
+        named = [getattr(message, name) for _, message, name in path_fields(spec.trainer)]
+        for path in [*named, launch.attempt.tls_ca]:  # the CA: to check the launcher's cert
+            if path and os.path.exists(path) and not any(_inside(path, w) for w in writable):
+                out += ["--ro-bind", os.path.realpath(path), path]
         out += ["--proc", "/proc", "--dev", "/dev"]
         for node in gpu_nodes.device_nodes(gpus) if gpus else ():
             out += ["--dev-bind", node.path, node.path]
@@ -104,7 +105,12 @@ def code_dirs(cfg: launcher_pb2.LauncherConfig, env: dict) -> tuple[str, ...]:
     for path in list(wanted):
         if RUNFILES in path and os.path.isdir(path):
             wanted += _link_roots(path)
-    return _outermost(os.path.realpath(p) for p in wanted if os.path.exists(p))
+    found = [p for p in wanted if os.path.exists(p)]
+    linked = {p for p in SYSTEM_DIRS if os.path.islink(p)}  # made links in the sandbox too
+    # Each at its own path and at its target: a link to it, or through it, resolves in the
+    # sandbox as it does here (Bazel's sandboxes link whole runfiles trees).
+    named = [os.path.abspath(p) for p in found if p not in linked]
+    return _outermost([*named, *map(os.path.realpath, found)])
 
 
 def _link_roots(runfiles: str) -> list[str]:
@@ -117,11 +123,21 @@ def _link_roots(runfiles: str) -> list[str]:
             link = os.path.join(where, name)
             if not os.path.islink(link):
                 continue
-            target = os.path.realpath(link)
             rel = os.path.relpath(link, top).split(os.sep, 1)[-1]  # without the workspace
-            root = target[: -len(rel) - 1] if target.endswith(os.sep + rel) else ""
-            roots.add(root or os.path.dirname(target))
+            for target in _hops(link):  # each link of a chain must resolve in the sandbox
+                root = target[: -len(rel) - 1] if target.endswith(os.sep + rel) else ""
+                roots.add(root or os.path.dirname(target))
     return sorted(roots)
+
+
+def _hops(link: str) -> list[str]:
+    """Every path a chain of symlinks passes through, up to its final target."""
+    hops, seen = [], 0
+    while os.path.islink(link) and seen < 40:
+        link = os.path.join(os.path.dirname(link), os.readlink(link))
+        hops.append(os.path.normpath(link))
+        seen += 1
+    return [*hops, os.path.realpath(link)]
 
 
 def _outermost(paths) -> tuple[str, ...]:

@@ -165,6 +165,9 @@ def test_sigterm_reaches_a_sandboxed_trainer_which_checkpoints_and_exits_75(worl
     while "ready" not in open(launch.log_path).read():
         assert time.monotonic() < deadline, open(launch.log_path).read()
         time.sleep(0.05)
+    while not os.path.exists(os.path.join(launch.attempt_dir, "pid.json")):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
     ex.terminate(handle)
     while (seen := ex.poll({"j1": handle})["j1"]).status != Status.EXITED:
         assert time.monotonic() < deadline, seen
@@ -178,6 +181,9 @@ def test_sigkill_ends_every_process_of_the_sandbox(world):
     handle, _ = ex.start(launch)
     deadline = time.monotonic() + 20
     while "ready" not in open(launch.log_path).read():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    while not os.path.exists(os.path.join(launch.attempt_dir, "pid.json")):
         assert time.monotonic() < deadline
         time.sleep(0.05)
     pids = json.load(open(os.path.join(launch.attempt_dir, "pid.json")))
