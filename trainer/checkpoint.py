@@ -320,7 +320,9 @@ def load(path: Path, model, optimizer, rank: int, sharded: bool = False) -> dict
     (rank 0's when the world size differs from the writer's: a resume under another layout,
     where per-rank random streams do not map and the rest is the same on every rank).
     `sharded`: `model` is one rank's part of a model-parallel layout, which reads dcp/ only."""
-    train = torch.load(path / "train.pt", map_location="cpu")
+    # A checkpoint may be another team's file: tensors and plain data only, never a pickle's
+    # code (weights_only, spelled out whatever torch's default; trainer/untrusted_files_test.py).
+    train = torch.load(path / "train.pt", map_location="cpu", weights_only=True)
     if (path / DCP_DIR).is_dir():
         from trainer.parallel import dcp
 
@@ -332,7 +334,8 @@ def load(path: Path, model, optimizer, rank: int, sharded: bool = False) -> dict
             "with the layout that wrote it"
         )
     else:
-        load_model_state(model, torch.load(path / "model.pt", map_location="cpu", mmap=True))
+        state = torch.load(path / "model.pt", map_location="cpu", mmap=True, weights_only=True)
+        load_model_state(model, state)
         load_optimizer_state(model, optimizer, train["optimizer"])
     ranks = train["ranks"]
     world_size = torch.distributed.get_world_size() if distributed.active() else 1
@@ -351,7 +354,8 @@ def load_model(path: Path, device, use_kernels: bool = True) -> tuple[Any, Check
             "JSONL_IMAGE or IMAGE_DIR) and the trainer.vision section it was trained with"
         )
     model = Transformer(meta.model, meta.vocab_size, ops=select_ops(use_kernels, device))
-    model.load_state_dict(torch.load(path / "model.pt", map_location="cpu", mmap=True))
+    state = torch.load(path / "model.pt", map_location="cpu", mmap=True, weights_only=True)
+    model.load_state_dict(state)
     return model.to(device).eval(), meta
 
 
