@@ -68,10 +68,8 @@ def _check_state_path(real, state, team, team_of_job, field) -> None:
     if parts[0] == "precook":
         if not team or parts[1:2] == [team]:
             return
-        raise ConfigError(
-            field,
-            f"{real}: the precook cache is per team: yours is {os.path.join(state, 'precook', team)}",
-        )
+        yours = os.path.join(state, "precook", team)
+        raise ConfigError(field, f"{real}: the precook cache is per team: yours is {yours}")
     if parts[0] == "runs" and len(parts) >= 2:
         owner = team_of_job(parts[1])
         if owner is None:

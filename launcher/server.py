@@ -26,8 +26,8 @@ from launcher import metrics_http, settings
 from launcher.auth import AuthInterceptor, TokenAuth
 from launcher.controller import Controller
 from launcher.events import JobEvents
-from launcher.executors.kubernetes import KubernetesExecutor
 from launcher.executors import sandbox
+from launcher.executors.kubernetes import KubernetesExecutor
 from launcher.executors.local import LocalExecutor
 from launcher.executors.sandbox import Sandbox
 from launcher.executors.slurm import SlurmExecutor

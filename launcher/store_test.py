@@ -43,7 +43,8 @@ def test_insert_get_update_survive_reopening(tmp_path):
     assert stored.state == job_pb2.RUNNING
     assert stored.run_dir == run_dir
     assert again.attempt_token_matches("j1", "tok")
-    assert not again.attempt_token_matches("j1", "tok2") and not again.attempt_token_matches("j1", "")
+    assert not again.attempt_token_matches("j1", "tok2")
+    assert not again.attempt_token_matches("j1", "")
     # the database keeps the token's hash only: a copy of it forges no progress
     with sqlite3.connect(path) as db:
         (kept,) = db.execute("SELECT attempt_token FROM jobs").fetchone()

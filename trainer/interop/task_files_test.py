@@ -63,10 +63,9 @@ def test_the_harness_own_task_files_still_load(tmp_path):
 
 def test_prompt_templates_cannot_reach_python(tmp_path):
     """Jinja in a task's doc_to_text is rendered in Jinja's sandbox: no attribute walk to os."""
+    from jinja2 import Environment
     from jinja2.exceptions import SecurityError
     from lm_eval import utils
-
-    from jinja2 import Environment
 
     def payload(marker):
         return "{{ cycler.__init__.__globals__.os.system('touch " + str(marker) + "') }}"
