@@ -35,12 +35,12 @@ from launcher.health import NOT_SERVING, Health
 from launcher.metrics import LauncherMetrics
 from launcher.service import LauncherService
 from launcher.store import JobStore, StoreError
+from launcher.stream_limits import LimitInterceptor, Streams
 from protos import launcher_pb2, launcher_pb2_grpc
 from protos.config_yaml import ConfigError, load_message
 from protos.paths import user_path
 
 log = logging.getLogger("kitchen.launcher")
-MAX_WORKERS = 512  # gRPC handler threads: every progress stream, watch and followed log holds one
 
 
 class StateDirBusy(RuntimeError):
@@ -87,8 +87,8 @@ class Launcher:
             self.cfg.metrics_retention_seconds, job_names=self.cfg.exposure.metrics_job_names
         )
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="kitchen-rpc"),
-            interceptors=[AuthInterceptor(self.auth)] if self.auth else [],
+            futures.ThreadPoolExecutor(settings.MAX_WORKERS, thread_name_prefix="kitchen-rpc"),
+            interceptors=self._interceptors(),
         )
         self.port = self._bind()
         host, _ = _host_port(self.cfg.listen)
@@ -112,6 +112,14 @@ class Launcher:
         self.server.add_generic_rpc_handlers((self.health.handler(),))
         self.metrics_port: int | None = None
         self._http: WSGIServer | None = None
+
+    def _interceptors(self) -> list:
+        """Strangers turned away first, then every stream counted (launcher/stream_limits.py)."""
+        self.streams = Streams(self.cfg.streams)
+        limits = LimitInterceptor(self.streams, self.auth)
+        if self.auth is None:
+            return [limits]
+        return [AuthInterceptor(self.auth, self.store.attempt_token_known), limits]
 
     def _bind(self) -> int:
         if self.cfg.tls_cert:
@@ -147,6 +155,7 @@ class Launcher:
         self.health.set_all(NOT_SERVING)
         self.events.close()
         self.server.stop(grace).wait()
+        self.streams.close()
         self.controller.stop()
         if self._http is not None:
             self._http.shutdown()

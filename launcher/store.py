@@ -57,6 +57,7 @@ _SCHEMA = (
     "CREATE UNIQUE INDEX jobs_request ON jobs (team, owner, request_id)",
     "CREATE INDEX jobs_state ON jobs (state, seq)",
     "CREATE INDEX jobs_team ON jobs (team, seq)",
+    "CREATE INDEX jobs_attempt_token ON jobs (attempt_token)",
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -190,6 +191,7 @@ class JobStore:
         if version == 2:
             with self._transaction() as db:
                 _hash_tokens(db)
+                db.execute("CREATE INDEX jobs_attempt_token ON jobs (attempt_token)")
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         row = db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
         if row is None:
@@ -389,6 +391,17 @@ class JobStore:
         row = self._db().execute("SELECT attempt_token FROM jobs WHERE seq=?", (seq,)).fetchone()
         expected = row[0] if row else ""
         return bool(expected and given) and hmac.compare_digest(expected, token_hash(given))
+
+    def attempt_token_known(self, given: str) -> bool:
+        """Whether `given` is the token of some job's current attempt (one index lookup)."""
+        if not given:
+            return False
+        row = (
+            self._db()
+            .execute("SELECT 1 FROM jobs WHERE attempt_token = ? LIMIT 1", (token_hash(given),))
+            .fetchone()
+        )
+        return row is not None
 
     def team_of(self, job_id: str) -> str | None:
         """The team of a stored job (None: no such job)."""

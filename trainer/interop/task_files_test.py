@@ -25,8 +25,9 @@ def test_function_tags_are_refused_naming_the_file_and_line(tmp_path):
     with pytest.raises(ConfigError, match=r"evil.yaml:6: `!function evil.process` runs code"):
         harness.task_specs(["evil"], str(tmp_path))
     assert not marker.exists()
-    specs = harness.task_specs(["evil"], str(tmp_path), allow_code=True)  # a trusted team
-    assert marker.read_text() == "ran" and callable(specs[0]["process_docs"])
+    (spec,) = harness.task_specs(["evil"], str(tmp_path), allow_code=True)  # a trusted team
+    assert isinstance(spec, dict)
+    assert marker.read_text() == "ran" and callable(spec["process_docs"])
 
 
 @pytest.mark.parametrize("include", ["ABS", "../elsewhere/evil.yaml"])
@@ -58,7 +59,7 @@ def test_the_harness_own_task_files_still_load(tmp_path):
     """arc_easy.yaml from the harness (trusted: its `!function`s are the harness's code)."""
     (tmp_path / "mine.yaml").write_text("include: arc/arc_easy.yaml\n" + TASK.replace("evil", "m"))
     (spec,) = harness.task_specs(["m"], str(tmp_path))
-    assert spec["task"] == "m" and "doc_to_text" in spec
+    assert isinstance(spec, dict) and spec["task"] == "m" and "doc_to_text" in spec
 
 
 def test_prompt_templates_cannot_reach_python(tmp_path):
