@@ -35,9 +35,9 @@ def make(tmp_path):
         return got[0], clients
 
     yield launcher
-    for launcher, client in started:
+    for server, client in started:
         client.close()
-        launcher.stop()
+        server.stop()
 
 
 def silent(stop: threading.Event):
