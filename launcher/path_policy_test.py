@@ -93,3 +93,15 @@ def test_every_mixture_source_input_is_checked_like_data_input(tree):
     assert message.startswith("trainer.data.sources[1].input: ") and "outside" in message
     s.trainer.data.sources[1].input = "etc"
     assert "is relative" in refused(s, cfg)
+
+
+def test_an_image_layout_is_a_path_like_any_other(tree):
+    cfg = config(tree, roots=[str(tree / "data" / "{team}")], auth=True)
+    mine = spec()
+    mine.image = str(tree / "data" / "vision" / "img.oci")
+    path_policy.check(mine, cfg, TEAMS.get)
+    theirs = spec(team="speech")
+    theirs.image = mine.image  # another team's layout
+    assert refused(theirs, cfg).startswith("image: ")
+    theirs.image = "registry.example/x@sha256:" + "0" * 64  # a registry reference: not a path
+    path_policy.check(theirs, cfg, TEAMS.get)
