@@ -1,7 +1,7 @@
 """Local-pool attempts run under bubblewrap: a job sees its own files and nothing of the launcher's.
 
-`Sandbox.command(launch, argv, env)` is the bwrap command around a trainer argv. Mounts, in this
-order (a later one covers an earlier one):
+`Sandbox.command(launch, argv, env, gpus)` is the bwrap command around a trainer argv. Mounts, in
+this order (a later one covers an earlier one):
 1. read-only: the system (/usr, /bin, /lib*, /etc), the trainer's code (each PYTHONPATH entry,
    the Python installation, the trainer and torchrun commands' files, and the directories a
    Bazel runfiles tree links into) and `sandbox.readonly`;
