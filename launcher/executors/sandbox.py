@@ -74,6 +74,8 @@ class Sandbox:
         out += ["--proc", "/proc", "--dev", "/dev"]
         for node in gpu_nodes.device_nodes(gpus) if gpus else ():
             out += ["--dev-bind", node.path, node.path]
+        if gpus:  # only these GPUs exist inside, numbered 0..k-1: host indices would miss
+            env = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
         out += ["--chdir", launch.job.run_dir, "--clearenv"]
         for key, value in sorted(env.items()):
             out += ["--setenv", key, value]
