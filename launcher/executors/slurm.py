@@ -52,7 +52,7 @@ def _step_name(attempt_name: str, step: PrecookStep) -> str:
 
 def _exports(launch: Launch) -> str:
     """The batch script's environment: the job's own (base.job_env's rule). sbatch runs with
-    --export=NONE, so nothing of the launcher's environment reaches the node; srun steps
+    --export=NIL, so nothing of the launcher's environment reaches the node; srun steps
     inside take the script's (SLURM_EXPORT_ENV=ALL)."""
     env = {**job_env(launch), "SLURM_EXPORT_ENV": "ALL"}
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
@@ -111,7 +111,7 @@ class SlurmExecutor(Executor):
         with open(script, "w") as f:
             f.write(self._script(launch))
         argv = [
-            "sbatch", "--parsable", "--export=NONE", f"--job-name={name}",
+            "sbatch", "--parsable", "--export=NIL", f"--job-name={name}",
             f"--output={launch.log_path}",
             f"--chdir={launch.job.run_dir}", f"--nodes={r.nodes or 1}", "--ntasks-per-node=1",
         ]  # fmt: skip
@@ -158,7 +158,7 @@ class SlurmExecutor(Executor):
         with open(script, "w") as f:
             f.write(f"#!/bin/bash\n{exports}exec {command}\n")
         argv = [
-            "sbatch", "--parsable", "--export=NONE",
+            "sbatch", "--parsable", "--export=NIL",
             f"--job-name={_step_name(_attempt_name(launch), step)}",
             "--ntasks=1",
             f"--output={os.path.join(task_array.step_dir(d, step, '%a'), 'output.log')}",
