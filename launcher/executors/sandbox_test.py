@@ -193,3 +193,27 @@ def test_sigkill_ends_every_process_of_the_sandbox(world):
         time.sleep(0.05)
     assert seen.exit_code == 128 + signal.SIGKILL
     assert not os.path.exists(f"/proc/{pids['term_pid']}")
+
+
+def test_an_export_job_writes_its_hf_path_and_nothing_else_it_names(world):
+    out = world / "data" / "a" / "hf"  # not there yet: the launcher makes it
+    code = (
+        "import sys\n"
+        f"open({str(out / 'config.json')!r}, 'w').write('{{}}')\n"
+        "try:\n"
+        f"    open({str(world / 'data' / 'a' / 'ds' / 'x')!r}, 'w')\n"
+        "except OSError as e:\n"
+        "    print('refused', e.strerror, flush=True)\n"
+    )
+    launch = _launch(world, code, data_input=str(world / "data" / "a" / "ds"))
+    launch.job.spec.kind = job_pb2.EXPORT
+    launch.job.spec.trainer.hf.path = str(out)
+    ex = LocalExecutor([], sandbox=_sandbox(world))
+    handle, _ = ex.start(launch)
+    deadline = time.monotonic() + 20
+    while (seen := ex.poll({"j1": handle})["j1"]).status != Status.EXITED:
+        assert time.monotonic() < deadline, seen
+        time.sleep(0.05)
+    assert seen.exit_code == 0, open(launch.log_path).read()
+    assert (out / "config.json").read_text() == "{}"
+    assert "refused Read-only file system" in open(launch.log_path).read()
