@@ -8,18 +8,22 @@ The tokens file is YAML onto `kitchen.v1.AccessTokens`:
 
 Clients send `authorization: Bearer <token>`. A user sees and cancels only their team's jobs;
 an admin sees all. Trainers report progress with the per-attempt token the launcher gives them
-(a 0600 file named in its attempt.json), checked by the service itself, so ReportProgress
-passes through here.
+(a 0600 file named in its attempt.json): any current attempt's token passes here, and the
+service checks it is the token of the job the stream reports for.
 """
 
 import hmac
+from collections.abc import Callable
 
 import grpc
 
 from protos import launcher_pb2
 from protos.config_yaml import ConfigError, load_message
 
-OPEN_METHODS = ("/grpc.health.v1.Health/", "/kitchen.v1.Launcher/ReportProgress")
+OPEN_METHODS = ("/grpc.health.v1.Health/",)
+# A trainer reports with its attempt's token: any current one lets the stream in, the service
+# then checks it is the one of the job reported for.
+TRAINER_METHODS = ("/kitchen.v1.Launcher/ReportProgress",)
 
 
 def bearer(metadata) -> str:
@@ -49,14 +53,22 @@ class TokenAuth:
 
 
 class AuthInterceptor(grpc.ServerInterceptor):
-    def __init__(self, auth: TokenAuth):
+    """Every call but health checks needs a known token, checked before a worker thread runs
+    the call: a user's, or (ReportProgress) a current attempt's (`attempt_token_known`)."""
+
+    def __init__(self, auth: TokenAuth, attempt_token_known: Callable[[str], bool]):
         self.auth = auth
+        self.attempt_token_known = attempt_token_known
 
     def intercept_service(self, continuation, details):
         handler = continuation(details)
         if handler is None or details.method.startswith(OPEN_METHODS):
             return handler
-        if self.auth.identify(details.invocation_metadata) is not None:
+        metadata = details.invocation_metadata
+        if self.auth.identify(metadata) is not None:
+            return handler
+        trainer = details.method.startswith(TRAINER_METHODS)
+        if trainer and self.attempt_token_known(bearer(metadata)):
             return handler
         return _rejecting(handler)
 

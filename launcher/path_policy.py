@@ -1,13 +1,18 @@
-"""Which files a job may name: the path policy, checked at submit (pure: no I/O but realpath).
+"""Which files a job may name: the path policy (pure: no I/O but realpath).
+
+Checked at submit, and again where the files are opened: a local pool's sandbox
+(launcher/executors/sandbox.py) checks it when the attempt starts and mounts only the targets
+it approved, so a symlink swapped in after submit leads nowhere.
 
 A trainer runs as the launcher's user, so a path in a spec is a request to read or write with
 the launcher's rights. The rules (kitchen.v1.PathPolicy in protos/launcher.proto):
-1. Every path field (protos/paths.path_fields: each mixture source's input too) is absolute
-   (`submit` makes them so).
+1. Every path field (protos/paths.path_fields: each mixture source's input too) and an image
+   given as a layout directory (`image: /...`) is absolute (`submit` makes them so).
 2. Symlinks are resolved first: a link in an allowed directory that points out is refused.
-3. Inside the launcher's state dir only `precook/` (the shared, content-addressed cache) and
-   `runs/<id>/...` of a job of the same team are allowed: never the database, the tokens
-   file or another team's run directory.
+3. Inside the launcher's state dir only `precook/<team>/` (the team's content-addressed
+   cache; all of `precook/` for a job with no team, auth off) and `runs/<id>/...` of a job of
+   the same team are allowed: never the database, the tokens file, another team's datasets
+   or run directory.
 4. Elsewhere, a path must lie inside one of `allowed_roots` ("{team}" and "{owner}" expanded).
    With no roots configured, any path is allowed while auth is off (one user, the embedded
    launcher: convenient), and none while auth is on (a shared launcher must say what it
@@ -40,11 +45,13 @@ def check(
     state = os.path.realpath(cfg.state_dir)
     roots = [_expand(r, spec) for r in cfg.paths.allowed_roots]
     anything = not roots and not cfg.tokens_file
-    for where, message, name in path_fields(spec.trainer):
-        value = getattr(message, name)
+    named = [(f"trainer.{where}", getattr(message, name)) for where, message, name in
+             path_fields(spec.trainer)]  # fmt: skip
+    if spec.image.startswith("/"):  # an OCI layout directory (else a registry reference)
+        named.append(("image", spec.image))
+    for field, value in named:
         if not value:
             continue
-        field = f"trainer.{where}"
         if not os.path.isabs(value):
             raise ConfigError(field, f"{value!r} is relative: give an absolute path")
         real = os.path.realpath(value)
@@ -59,7 +66,10 @@ def check(
 def _check_state_path(real, state, team, team_of_job, field) -> None:
     parts = os.path.relpath(real, state).split(os.sep)
     if parts[0] == "precook":
-        return
+        if not team or parts[1:2] == [team]:
+            return
+        yours = os.path.join(state, "precook", team)
+        raise ConfigError(field, f"{real}: the precook cache is per team: yours is {yours}")
     if parts[0] == "runs" and len(parts) >= 2:
         owner = team_of_job(parts[1])
         if owner is None:

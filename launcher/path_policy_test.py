@@ -69,7 +69,10 @@ def test_auth_without_roots_allows_nothing_outside_the_state_dir(tree):
 def test_state_dir_shares_the_cache_and_the_teams_own_runs_only(tree):
     cfg = config(tree)
     state = tree / "state"
-    path_policy.check(spec(data__cache_dir=state / "precook"), cfg, TEAMS.get)
+    path_policy.check(spec(data__cache_dir=state / "precook" / "vision"), cfg, TEAMS.get)
+    shared = refused(spec(data__input=state / "precook"), cfg)  # every team's datasets
+    assert shared.startswith("trainer.data.input: ") and "per team" in shared
+    assert "per team" in refused(spec(data__input=state / "precook" / "speech" / "ds"), cfg)
     path_policy.check(spec(checkpoint__path=state / "runs" / "j000001" / "ck"), cfg, TEAMS.get)
     other = refused(spec(checkpoint__path=state / "runs" / "j000002"), cfg)
     assert other.startswith("trainer.checkpoint.path: ") and "team 'speech'" in other
@@ -90,3 +93,15 @@ def test_every_mixture_source_input_is_checked_like_data_input(tree):
     assert message.startswith("trainer.data.sources[1].input: ") and "outside" in message
     s.trainer.data.sources[1].input = "etc"
     assert "is relative" in refused(s, cfg)
+
+
+def test_an_image_layout_is_a_path_like_any_other(tree):
+    cfg = config(tree, roots=[str(tree / "data" / "{team}")], auth=True)
+    mine = spec()
+    mine.image = str(tree / "data" / "vision" / "img.oci")
+    path_policy.check(mine, cfg, TEAMS.get)
+    theirs = spec(team="speech")
+    theirs.image = mine.image  # another team's layout
+    assert refused(theirs, cfg).startswith("image: ")
+    theirs.image = "registry.example/x@sha256:" + "0" * 64  # a registry reference: not a path
+    path_policy.check(theirs, cfg, TEAMS.get)

@@ -26,33 +26,35 @@ from launcher import metrics_http, settings
 from launcher.auth import AuthInterceptor, TokenAuth
 from launcher.controller import Controller
 from launcher.events import JobEvents
+from launcher.executors import sandbox
 from launcher.executors.kubernetes import KubernetesExecutor
 from launcher.executors.local import LocalExecutor
+from launcher.executors.sandbox import Sandbox
 from launcher.executors.slurm import SlurmExecutor
 from launcher.health import NOT_SERVING, Health
 from launcher.metrics import LauncherMetrics
 from launcher.service import LauncherService
 from launcher.store import JobStore, StoreError
+from launcher.stream_limits import LimitInterceptor, Streams
 from protos import launcher_pb2, launcher_pb2_grpc
 from protos.config_yaml import ConfigError, load_message
 from protos.paths import user_path
 
 log = logging.getLogger("kitchen.launcher")
-MAX_WORKERS = 512  # gRPC handler threads: every progress stream, watch and followed log holds one
 
 
 class StateDirBusy(RuntimeError):
     pass
 
 
-def _executor(pool, cfg):
+def _executor(pool, cfg, confine: Sandbox | None):
     if pool.executor == launcher_pb2.SLURM:
         return SlurmExecutor(pool.slurm, list(cfg.torchrun_cmd), images=cfg.images)
     if pool.executor == launcher_pb2.KUBERNETES:
         return KubernetesExecutor(
             pool, list(cfg.torchrun_cmd), cfg.kill_grace_seconds, state_dir=cfg.state_dir
         )
-    return LocalExecutor(list(cfg.torchrun_cmd), images=cfg.images)
+    return LocalExecutor(list(cfg.torchrun_cmd), images=cfg.images, sandbox=confine)
 
 
 def _host_port(address: str):
@@ -85,8 +87,8 @@ class Launcher:
             self.cfg.metrics_retention_seconds, job_names=self.cfg.exposure.metrics_job_names
         )
         self.server = grpc.server(
-            futures.ThreadPoolExecutor(MAX_WORKERS, thread_name_prefix="kitchen-rpc"),
-            interceptors=[AuthInterceptor(self.auth)] if self.auth else [],
+            futures.ThreadPoolExecutor(settings.MAX_WORKERS, thread_name_prefix="kitchen-rpc"),
+            interceptors=self._interceptors(),
         )
         self.port = self._bind()
         host, _ = _host_port(self.cfg.listen)
@@ -94,10 +96,15 @@ class Launcher:
         if not self.cfg.advertise:
             wildcard = host in ("0.0.0.0", "::", "")
             self.cfg.advertise = f"{os.uname().nodename}:{self.port}" if wildcard else self.address
-        executors = {p.name: _executor(p, self.cfg) for p in self.cfg.pools}
+        trainer_env = {**settings.trainer_env(), **(env or {})}
+        confine = None
+        if self.cfg.sandbox.mode == launcher_pb2.SANDBOX_BWRAP:
+            readonly = sandbox.code_dirs(self.cfg, trainer_env)
+            confine = Sandbox(self.cfg, readonly, self.store.team_of)
+        executors = {p.name: _executor(p, self.cfg, confine) for p in self.cfg.pools}
         self.controller = Controller(
             self.cfg, self.store, executors, self.metrics, self.events,
-            auth=self.auth is not None, env={**settings.trainer_env(), **(env or {})},
+            auth=self.auth is not None, env=trainer_env,
         )  # fmt: skip
         self.metrics.fleet = self.controller.fleet
         service = LauncherService(self.cfg, self.store, self.controller, self.events, self.auth)
@@ -105,6 +112,14 @@ class Launcher:
         self.server.add_generic_rpc_handlers((self.health.handler(),))
         self.metrics_port: int | None = None
         self._http: WSGIServer | None = None
+
+    def _interceptors(self) -> list:
+        """Strangers turned away first, then every stream counted (launcher/stream_limits.py)."""
+        self.streams = Streams(self.cfg.streams)
+        limits = LimitInterceptor(self.streams, self.auth)
+        if self.auth is None:
+            return [limits]
+        return [AuthInterceptor(self.auth, self.store.attempt_token_known), limits]
 
     def _bind(self) -> int:
         if self.cfg.tls_cert:
@@ -140,6 +155,7 @@ class Launcher:
         self.health.set_all(NOT_SERVING)
         self.events.close()
         self.server.stop(grace).wait()
+        self.streams.close()
         self.controller.stop()
         if self._http is not None:
             self._http.shutdown()

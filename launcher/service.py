@@ -5,7 +5,6 @@ read jobs straight from the store (WAL readers never wait for the writer).
 """
 
 import glob
-import hmac
 import os
 import time
 
@@ -51,10 +50,6 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
             )
         return self.controller.overlay(job)
 
-    def _team_of_job(self, job_id: str) -> str | None:
-        job = self.store.get(job_id)
-        return None if job is None else job.spec.team
-
     def SubmitJob(self, request, context):
         caller = self._caller(context)
         spec = job_pb2.JobSpec()
@@ -69,7 +64,7 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
                     )
                 setattr(spec, field, theirs or mine)
         try:
-            pool = validation.validate(spec, self.cfg, self._team_of_job)
+            pool = validation.validate(spec, self.cfg, self.store.team_of)
         except ConfigError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spec.{e.field}: {e.problem}")
         try:  # a request_id is scoped to the spec's team and owner (the caller's, with auth)
@@ -163,9 +158,7 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
         if self.auth is None:
             return
         metadata = context.invocation_metadata()
-        expected = self.store.attempt_token(job_id)
-        given = bearer(metadata)
-        if expected and given and hmac.compare_digest(expected.encode(), given.encode()):
+        if self.store.attempt_token_matches(job_id, bearer(metadata) or ""):
             return
         caller = self.auth.identify(metadata)
         if caller is None or not caller.admin:

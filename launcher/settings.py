@@ -6,6 +6,7 @@ has its value, so the rest of the launcher reads fields without guessing.
 
 import ipaddress
 import os
+import shutil
 import sys
 
 from protos import launcher_pb2
@@ -18,6 +19,10 @@ DEFAULT_HANG_TIMEOUT_SECONDS = 1800.0
 DEFAULT_KILL_GRACE_SECONDS = 60.0
 DEFAULT_RETENTION_SECONDS = 900.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.5
+MAX_WORKERS = 512  # gRPC handler threads: every progress stream, watch and followed log holds one
+DEFAULT_STREAMS_PER_CALLER = 32
+UNARY_RESERVE = 64  # threads no stream may take: GetJob, SubmitJob, ... always find one
+DEFAULT_STREAM_IDLE_SECONDS = 600.0
 WORKSPACE = "kitchen"  # Bazel workspace name: runfiles hold `kitchen/trainer/train`
 
 
@@ -101,6 +106,16 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
         raise ConfigError("images.runtime", f"{images.runtime!r}: use bwrap or runc")
     for i, path in enumerate(images.binds):
         images.binds[i] = user_path(path)
+    _resolve_sandbox(out)
+    streams = out.streams
+    streams.per_caller = streams.per_caller or DEFAULT_STREAMS_PER_CALLER
+    streams.total = streams.total or MAX_WORKERS - UNARY_RESERVE
+    streams.idle_seconds = streams.idle_seconds or DEFAULT_STREAM_IDLE_SECONDS
+    if not 0 < streams.total <= MAX_WORKERS - UNARY_RESERVE or streams.per_caller < 0:
+        raise ConfigError(
+            "streams.total", f"between 1 and {MAX_WORKERS - UNARY_RESERVE} (the server's threads "
+            f"less {UNARY_RESERVE} kept for unary calls)",
+        )  # fmt: skip
     out.hang_timeout_seconds = out.hang_timeout_seconds or DEFAULT_HANG_TIMEOUT_SECONDS
     out.kill_grace_seconds = out.kill_grace_seconds or DEFAULT_KILL_GRACE_SECONDS
     out.metrics_retention_seconds = out.metrics_retention_seconds or DEFAULT_RETENTION_SECONDS
@@ -109,6 +124,26 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
         raise ConfigError("tls_cert", "TLS needs both tls_cert and tls_key")
     _check_exposure(out)
     return out
+
+
+def _resolve_sandbox(cfg: launcher_pb2.LauncherConfig) -> None:
+    box = cfg.sandbox
+    box.mode = box.mode or launcher_pb2.SANDBOX_BWRAP
+    for i, path in enumerate(box.readonly):
+        box.readonly[i] = user_path(path)
+    local = any(p.executor == launcher_pb2.LOCAL for p in cfg.pools)
+    if box.mode == launcher_pb2.SANDBOX_NONE and cfg.tokens_file:
+        raise ConfigError(
+            "sandbox.mode",
+            "SANDBOX_NONE with tokens_file: a shared launcher runs other teams' jobs, which "
+            "would read its state and tokens; keep SANDBOX_BWRAP",
+        )
+    if box.mode == launcher_pb2.SANDBOX_BWRAP and local and not shutil.which("bwrap"):
+        raise ConfigError(
+            "sandbox.mode",
+            "local pools run jobs under bubblewrap, and there is no bwrap on PATH: install it "
+            "(Debian: bubblewrap), or set SANDBOX_NONE (auth off only)",
+        )
 
 
 def metrics_token(cfg: launcher_pb2.LauncherConfig) -> str:

@@ -23,6 +23,7 @@ import base64
 import contextlib
 import dataclasses
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -38,7 +39,9 @@ from protos.paths import run_dir_for, runs_dir
 
 log = logging.getLogger("kitchen.launcher")
 
-SCHEMA_VERSION = 2  # PRAGMA user_version; 1: before meta, scoped request ids and spec hashes
+# PRAGMA user_version; 1: before meta, scoped request ids and spec hashes; 2: attempt tokens
+# in plain text (3 keeps their SHA-256 only: a copy of the database forges no progress).
+SCHEMA_VERSION = 3
 _SCHEMA = (
     """CREATE TABLE jobs (
       seq INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -48,12 +51,13 @@ _SCHEMA = (
       pool TEXT NOT NULL,
       request_id TEXT,  -- NULL: none given (NULLs never collide in a UNIQUE index)
       spec_sha256 TEXT,  -- with a request_id: the spec it was given with
-      attempt_token TEXT NOT NULL DEFAULT '',
+      attempt_token TEXT NOT NULL DEFAULT '',  -- token_hash() of the attempt's token
       job BLOB NOT NULL
     )""",
     "CREATE UNIQUE INDEX jobs_request ON jobs (team, owner, request_id)",
     "CREATE INDEX jobs_state ON jobs (state, seq)",
     "CREATE INDEX jobs_team ON jobs (team, seq)",
+    "CREATE INDEX jobs_attempt_token ON jobs (attempt_token)",
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     f"PRAGMA user_version = {SCHEMA_VERSION}",
 )
@@ -86,6 +90,12 @@ JOB_ID = re.compile(r"j[1-9][0-9]{0,17}", re.ASCII)
 def seq_of(job_id: str) -> int | None:
     """The sequence number of a well-formed job id, else None (no such job)."""
     return int(job_id[1:]) if JOB_ID.fullmatch(job_id) else None
+
+
+def token_hash(token: str) -> str:
+    """What the store keeps of an attempt token ("" for none). A token is 24 random bytes, so
+    a plain SHA-256 is as good as a slow hash here."""
+    return "sha256:" + hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
 def spec_sha256(spec: job_pb2.JobSpec) -> str:
@@ -127,6 +137,8 @@ class JobStore:
         self.state_dir = os.path.dirname(os.path.abspath(path))
         self.runs_dir = runs_dir(self.state_dir)
         self.synchronous = "FULL" if durable else "OFF"
+        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        os.chmod(self.state_dir, 0o700)  # other local users read no job and no run directory
         os.makedirs(self.runs_dir, exist_ok=True)
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -137,6 +149,8 @@ class JobStore:
                 f"{path}: missing, but {self.runs_dir} holds {dirs}: refusing to reuse their "
                 f"ids; restore the database or move {self.runs_dir} away"
             )
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))  # SQLite's -wal, -shm: the same
+        os.chmod(path, 0o600)
         try:
             self.store_id = self._open_schema(dirs)
             self._check_identity(dirs)
@@ -172,8 +186,13 @@ class JobStore:
                 return self._new_identity(db)
         if "jobs" not in tables:
             raise StoreError(f"{self.path}: a SQLite database, but not a job store (no jobs table)")
-        if version < SCHEMA_VERSION:
+        if version < 2:  # version 1 databases say 0 or 1
             return self._migrate_v1()
+        if version == 2:
+            with self._transaction() as db:
+                _hash_tokens(db)
+                db.execute("CREATE INDEX jobs_attempt_token ON jobs (attempt_token)")
+                db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         row = db.execute("SELECT value FROM meta WHERE key = 'store_id'").fetchone()
         if row is None:
             raise StoreError(f"{self.path}: no store id in table meta; restore it from a backup")
@@ -208,6 +227,7 @@ class JobStore:
                 [(spec_sha256(job_pb2.Job.FromString(blob).spec), seq) for seq, blob in rows],
             )
             db.execute("DROP TABLE jobs_v1")
+            _hash_tokens(db)
             self._set_sequence(db, sequence)
             log.info("%s: schema migrated from version 1 to %d", self.path, SCHEMA_VERSION)
             return self._new_identity(db)
@@ -347,7 +367,7 @@ class JobStore:
                 db.execute("DELETE FROM jobs WHERE seq = ?", (seq,))  # the sequence stays
 
     def update(self, job: job_pb2.Job, attempt_token: str | None = None):
-        """Writes the job's new state durably (and the attempt's token when given)."""
+        """Writes the job's new state durably (and the hash of the attempt's token when given)."""
         seq = seq_of(job.id)
         row = (job.state, job.pool, job.SerializeToString())
         if attempt_token is None:
@@ -355,7 +375,7 @@ class JobStore:
         else:
             self._db().execute(
                 "UPDATE jobs SET state=?, pool=?, job=?, attempt_token=? WHERE seq=?",
-                (*row, attempt_token, seq),
+                (*row, token_hash(attempt_token), seq),
             )
 
     def get(self, job_id: str) -> job_pb2.Job | None:
@@ -365,10 +385,29 @@ class JobStore:
         row = self._db().execute("SELECT job FROM jobs WHERE seq = ?", (seq,)).fetchone()
         return job_pb2.Job.FromString(row[0]) if row else None
 
-    def attempt_token(self, job_id: str) -> str:
+    def attempt_token_matches(self, job_id: str, given: str) -> bool:
+        """Whether `given` is the token of the job's current attempt."""
         seq = seq_of(job_id)
         row = self._db().execute("SELECT attempt_token FROM jobs WHERE seq=?", (seq,)).fetchone()
-        return row[0] if row else ""
+        expected = row[0] if row else ""
+        return bool(expected and given) and hmac.compare_digest(expected, token_hash(given))
+
+    def attempt_token_known(self, given: str) -> bool:
+        """Whether `given` is the token of some job's current attempt (one index lookup)."""
+        if not given:
+            return False
+        row = (
+            self._db()
+            .execute("SELECT 1 FROM jobs WHERE attempt_token = ? LIMIT 1", (token_hash(given),))
+            .fetchone()
+        )
+        return row is not None
+
+    def team_of(self, job_id: str) -> str | None:
+        """The team of a stored job (None: no such job)."""
+        seq = seq_of(job_id)
+        row = self._db().execute("SELECT team FROM jobs WHERE seq=?", (seq,)).fetchone()
+        return row[0] if row else None
 
     def page(self, states=(), team="", owner="", pool="", page_size=100, page_token=""):
         """A page of jobs, newest first, and the token of the next page ("" at the end)."""
@@ -405,6 +444,17 @@ class JobStore:
         """{(state, pool): number of jobs}."""
         rows = self._db().execute("SELECT state, pool, count(*) FROM jobs GROUP BY state, pool")
         return {(state, pool): n for state, pool, n in rows}
+
+
+def _hash_tokens(db) -> None:
+    """Replaces the plain attempt tokens of a version 1 or 2 database by their hashes."""
+    rows = db.execute(
+        "SELECT seq, attempt_token FROM jobs WHERE attempt_token != '' "
+        "AND attempt_token NOT LIKE 'sha256:%'"
+    ).fetchall()
+    db.executemany(
+        "UPDATE jobs SET attempt_token = ? WHERE seq = ?", [(token_hash(t), q) for q, t in rows]
+    )
 
 
 def _encode_token(seq: int) -> str:

@@ -4,6 +4,7 @@ database that does not belong to the run directories beside it."""
 import os
 import shutil
 import sqlite3
+import stat
 import threading
 
 import pytest
@@ -41,7 +42,15 @@ def test_insert_get_update_survive_reopening(tmp_path):
     assert stored is not None
     assert stored.state == job_pb2.RUNNING
     assert stored.run_dir == run_dir
-    assert again.attempt_token("j1") == "tok"
+    assert again.attempt_token_matches("j1", "tok")
+    assert not again.attempt_token_matches("j1", "tok2")
+    assert not again.attempt_token_matches("j1", "")
+    # the database keeps the token's hash only: a copy of it forges no progress
+    with sqlite3.connect(path) as db:
+        (kept,) = db.execute("SELECT attempt_token FROM jobs").fetchone()
+    assert kept.startswith("sha256:") and "tok" not in kept.removeprefix("sha256:")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o700
     assert again.get("j9") is None and again.get("nonsense") is None
 
 
@@ -182,7 +191,7 @@ def test_corrupt_or_newer_database_is_a_clear_error(tmp_path):
     fill(path, 1)
     with sqlite3.connect(path) as db:
         db.execute("PRAGMA user_version = 99")
-    with pytest.raises(StoreError, match=r"schema version 99 is newer than this launcher's \(2\)"):
+    with pytest.raises(StoreError, match=r"schema version 99 is newer than this launcher's \(3\)"):
         JobStore(str(path))
 
 

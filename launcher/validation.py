@@ -25,6 +25,12 @@ def validate(
     gives a stored job's team (None: no such job), for the path policy."""
     validate_job_spec(spec)
     path_policy.check(spec, cfg, team_of_job)
+    if spec.trainer.eval.allow_task_code and spec.team not in cfg.task_code_teams:
+        raise ConfigError(
+            "trainer.eval.allow_task_code",
+            f"team {spec.team!r} may not run code from task files on this launcher "
+            "(its task_code_teams; docs/eval.md)",
+        )
     r = spec.resources
     pools = {p.name: p for p in cfg.pools}
     pool_name = r.pool or cfg.default_pool

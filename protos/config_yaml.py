@@ -4,11 +4,19 @@
 name (any case). Anything the schema does not know or cannot hold is a `ConfigError` that names
 the file and the field path, e.g. `job.yaml: trainer.model.n_heads: expected int, got 'x'`.
 The same mapping reads the launcher's own config (`load_message(path, LauncherConfig())`).
+
+A config may come from anyone, so reading one is bounded: only a regular file (a FIFO would
+block forever), at most MAX_BYTES, parsed by libyaml (the C parser) in one pass over its events
+that refuses nesting deeper than MAX_DEPTH and more than MAX_NODES nodes with every alias
+expanded (a "billion laughs" file is a few hundred bytes), before anything is built; a mapping
+key must be a scalar; an error message shows at most a short prefix of a value.
 """
 
 import difflib
 import os
 import re
+import reprlib
+import stat
 
 import yaml
 from google.protobuf import descriptor
@@ -41,9 +49,25 @@ class ConfigError(ValueError):
         super().__init__(f"{where}{field or '(top level)'}: {problem}")
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys and reads `3e-4` as a float (YAML 1.2 style;
-    YAML 1.1 would make it a string, a classic surprise in learning-rate fields)."""
+MAX_BYTES = 1 << 20  # a job or launcher config is a few KB
+MAX_DEPTH = 64  # JobSpec nests 4 deep
+MAX_NODES = 100_000  # scalars and collections, every alias expanded
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80
+_SHOWN.maxlist = _SHOWN.maxdict = 6
+_SHOWN.maxlevel = 2
+_BaseLoader = yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader
+
+
+def shown(value) -> str:
+    """`repr(value)`, cut short: what an error message may show of a value."""
+    return _SHOWN.repr(value)
+
+
+class _Loader(_BaseLoader):  # type: ignore[misc,valid-type]
+    """A safe loader (libyaml's parser) that rejects duplicate keys and non-scalar keys, and
+    reads `3e-4` as a float (YAML 1.2 style; YAML 1.1 would make it a string, a classic
+    surprise in learning-rate fields)."""
 
 
 _Loader.add_implicit_resolver(
@@ -56,10 +80,16 @@ _Loader.add_implicit_resolver(
 def _mapping_without_duplicates(loader, node, deep=False):
     seen = set()
     for key_node, _ in node.value:
+        line = key_node.start_mark.line + 1
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise ConfigError(
+                "", f"a mapping key must be a name, not a {key_node.id} (line {line})"
+            )
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            line = key_node.start_mark.line + 1
-            raise ConfigError(str(key), f"duplicate key (line {line})")
+            raise ConfigError(
+                key if isinstance(key, str) else shown(key), f"duplicate key (line {line})"
+            )
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -75,22 +105,22 @@ def _scalar(field: descriptor.FieldDescriptor, value, path: str):
     """The Python value a proto scalar field holds, or a ConfigError naming the path."""
     if field.type in _INT_TYPES:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"expected int, got {value!r}")
+            raise ConfigError(path, f"expected int, got {shown(value)}")
         low, high = _INT_TYPES[field.type]
         if not low <= value <= high:
             raise ConfigError(path, f"{value} is out of range [{low}, {high}]")
         return value
     if field.type in _FLOAT_TYPES:
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(path, f"expected a number, got {value!r}")
+            raise ConfigError(path, f"expected a number, got {shown(value)}")
         return float(value)
     if field.type == descriptor.FieldDescriptor.TYPE_BOOL:
         if not isinstance(value, bool):
-            raise ConfigError(path, f"expected true or false, got {value!r}")
+            raise ConfigError(path, f"expected true or false, got {shown(value)}")
         return value
     if field.type == descriptor.FieldDescriptor.TYPE_STRING:
         if not isinstance(value, str):
-            raise ConfigError(path, f"expected a string, got {value!r} (quote it)")
+            raise ConfigError(path, f"expected a string, got {shown(value)} (quote it)")
         return value
     enum = field.enum_type  # set on every enum field
     if field.type == descriptor.FieldDescriptor.TYPE_ENUM and enum is not None:
@@ -99,20 +129,20 @@ def _scalar(field: descriptor.FieldDescriptor, value, path: str):
             for v in enum.values:
                 if v.name.lower() == value.lower():
                     return v.number
-        raise ConfigError(path, f"expected one of {', '.join(names)}, got {value!r}")
+        raise ConfigError(path, f"expected one of {', '.join(names)}, got {shown(value)}")
     raise ConfigError(path, f"field type {field.type} cannot be set from YAML")
 
 
 def fill_message(message, data, source: str | None = None, path: str = ""):
     """Sets `message`'s fields from a dict of proto field names; returns the message."""
     if not isinstance(data, dict):
-        raise ConfigError(path, f"expected a mapping of fields, got {data!r}", source)
+        raise ConfigError(path, f"expected a mapping of fields, got {shown(data)}", source)
     fields = message.DESCRIPTOR.fields_by_name
     for key, value in data.items():
-        key_path = _join(path, str(key))
+        key_path = _join(path, shown(key) if not isinstance(key, str) else key[:80])
         field = fields.get(key) if isinstance(key, str) else None
         if field is None:
-            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            close = difflib.get_close_matches(str(key)[:80], list(fields), n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             known = ", ".join(fields)
             raise ConfigError(key_path, f"unknown field{hint}; known fields: {known}", source)
@@ -131,7 +161,7 @@ def _set_field(message, field, value, path, source):
     is_message = field.type == descriptor.FieldDescriptor.TYPE_MESSAGE
     if field.is_repeated:
         if not isinstance(value, list):
-            raise ConfigError(path, f"expected a list, got {value!r}")
+            raise ConfigError(path, f"expected a list, got {shown(value)}")
         container = getattr(message, field.name)
         for i, item in enumerate(value):
             item_path = f"{path}[{i}]"
@@ -147,11 +177,61 @@ def _set_field(message, field, value, path, source):
         setattr(message, field.name, _scalar(field, value, path))
 
 
+def _read_config(path: str) -> str:
+    """The text of `path`: a regular file of at most MAX_BYTES (opened without blocking, so a
+    FIFO is refused rather than waited on)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise ConfigError("", "not a regular file (a FIFO, device or directory?)")
+        data = f.read(MAX_BYTES + 1)
+    if len(data) > MAX_BYTES:
+        raise ConfigError("", f"larger than {MAX_BYTES} bytes: not a config")
+    return data.decode("utf-8")
+
+
+def _check_shape(text: str) -> None:
+    """One pass over libyaml's events (no recursion, nothing built): nesting depth and the
+    number of nodes with every alias expanded, each within bounds."""
+    sizes: dict[str, int] = {}  # anchor -> nodes under it, expanded
+    open_: list[list] = []  # [anchor, nodes so far] of each collection being read
+    parser = _BaseLoader(text)
+    try:
+        while (event := parser.get_event()) is not None:
+            if isinstance(event, yaml.CollectionStartEvent):
+                open_.append([event.anchor, 1])
+                if len(open_) > MAX_DEPTH:
+                    line = event.start_mark.line + 1
+                    raise ConfigError("", f"nested deeper than {MAX_DEPTH} (line {line})")
+                continue
+            if isinstance(event, yaml.CollectionEndEvent):
+                anchor, nodes = open_.pop()
+            elif isinstance(event, yaml.AliasEvent):
+                anchor, nodes = None, sizes.get(event.anchor, 1)
+            elif isinstance(event, yaml.ScalarEvent):
+                anchor, nodes = event.anchor, 1
+            else:
+                continue
+            if anchor:
+                sizes[anchor] = nodes
+            if open_:
+                open_[-1][1] += nodes
+                if open_[-1][1] > MAX_NODES:
+                    line = event.start_mark.line + 1
+                    raise ConfigError(
+                        "", f"more than {MAX_NODES} values with aliases expanded (line {line})"
+                    )
+    finally:
+        parser.dispose()
+
+
 def load_yaml(path: str):
     """The YAML document in `path`, or a ConfigError naming the file and the problem."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.load(f, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+        text = _read_config(path)
+        _check_shape(text)
+        return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
     except OSError as e:
         raise ConfigError("", f"cannot read config: {e.strerror}", path) from None
     except UnicodeDecodeError as e:
@@ -161,7 +241,7 @@ def load_yaml(path: str):
     except ConfigError as e:
         raise ConfigError(e.field, e.problem, path) from None
     except yaml.YAMLError as e:
-        raise ConfigError("", f"not valid YAML: {e}", path) from None
+        raise ConfigError("", f"not valid YAML: {str(e)[:500]}", path) from None
 
 
 def load_message(path: str, message):

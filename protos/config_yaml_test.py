@@ -1,5 +1,6 @@
 import glob
 import os
+import time
 
 import pytest
 
@@ -97,3 +98,59 @@ def test_shipped_configs_load(path):
         load_message(path, launcher_pb2.LauncherConfig())
     else:
         assert load_job_spec(path).kind != job_pb2.JOB_KIND_UNSPECIFIED
+
+
+# ---- hostile configs: each is refused quickly with a clear error, never a traceback or a hang
+
+
+def _timed_refusal(path) -> tuple[str, float]:
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        load_job_spec(str(path))
+    return str(err.value), time.monotonic() - started
+
+
+def test_a_billion_laughs_is_refused_before_anything_is_expanded(tmp_path):
+    """`name:` (a string field) given 10**9 "lol"s in ten nested lists of aliases: building
+    the value, or showing it in the error, never finishes."""
+    laughs = ['&a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    laughs += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    path = tmp_path / "laughs.yaml"
+    path.write_text("kind: PRETRAIN\nname: [" + ", ".join(laughs) + "]\n")
+    message, seconds = _timed_refusal(path)
+    assert "more than 100000 values with aliases expanded" in message
+    assert seconds < 5, seconds  # not minutes (a generous bound on a shared 2-core machine)
+
+
+def test_deep_nesting_is_refused_naming_the_line(tmp_path):
+    path = tmp_path / "deep.yaml"
+    path.write_text("kind: PRETRAIN\nname: " + "[" * 100 + "]" * 100 + "\n")
+    message, _ = _timed_refusal(path)
+    assert "nested deeper than 64 (line 2)" in message
+    path.write_text("kind: PRETRAIN\nname: " + "[" * 100_000 + "]" * 100_000 + "\n")
+    message, _ = _timed_refusal(path)  # libyaml's own bound (1000) comes first: still no traceback
+    assert "exceeded maximum nesting depth" in message
+
+
+def test_a_list_as_a_mapping_key_is_an_error_not_a_traceback(tmp_path):
+    path = tmp_path / "key.yaml"
+    path.write_text("kind: PRETRAIN\n? [a, b]\n: 1\n")
+    message, _ = _timed_refusal(path)
+    assert "a mapping key must be a name, not a sequence (line 2)" in message
+
+
+def test_a_fifo_is_refused_instead_of_waited_on(tmp_path):
+    path = tmp_path / "fifo.yaml"
+    os.mkfifo(path)
+    message, seconds = _timed_refusal(path)
+    assert "not a regular file" in message and seconds < 5
+
+
+def test_a_huge_config_is_refused_unread_and_no_value_is_echoed(tmp_path):
+    path = tmp_path / "huge.yaml"
+    path.write_text("kind: PRETRAIN\nname: " + "x" * 50_000_000 + "\n")
+    message, _ = _timed_refusal(path)
+    assert "larger than 1048576 bytes" in message
+    path.write_text("kind: PRETRAIN\nresources: {nodes: '" + "9" * 500_000 + "'}\n")
+    message, _ = _timed_refusal(path)  # a long wrong value: the message shows its start only
+    assert "resources.nodes: expected int" in message and len(message) < 400

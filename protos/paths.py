@@ -6,8 +6,9 @@
 - `state_dir()`: Kitchen's state (the launcher's database, run directories, the precook
   cache): $KITCHEN_STATE_DIR, else `.state/` in the workspace (`bazel run`: the source tree,
   BUILD_WORKSPACE_DIRECTORY) or in the current directory.
-- `precook_cache_dir(data, state)`: `data.cache_dir`, else `<state dir>/precook`, so
-  `//trainer:precook`, `//trainer:train` and the launcher's jobs share one cache by default.
+- `precook_cache_dir(data, state, team)`: `data.cache_dir`, else `<state dir>/precook`, so
+  `//trainer:precook` and `//trainer:train` share one cache by default; a launcher's job of a
+  team gets `<state dir>/precook/<team>`.
 - `run_dir_for(state, name)`: `<state dir>/runs/<name>` (`runs_dir(state)`: `<state dir>/runs`).
 - `PATH_FIELDS`: the TrainerConfig fields that hold paths; `absolute_paths(cfg)` resolves them
   where the user is (submit, or the trainer run by hand), because a trainer runs elsewhere.
@@ -54,12 +55,14 @@ def state_dir() -> str:
     return os.path.join(os.path.abspath(root), ".state")
 
 
-def precook_cache_dir(data, state: str | None = None) -> str:
+def precook_cache_dir(data, state: str | None = None, team: str = "") -> str:
     """Where precooked datasets live: `data.cache_dir` (a kitchen.v1.DataConfig), else
-    `<state>/precook`."""
+    `<state>/precook`, and for a launcher's job of a team `<state>/precook/<team>` (a team
+    never reads another's datasets)."""
     if data.cache_dir:
         return user_path(data.cache_dir)
-    return os.path.join(state or state_dir(), "precook")
+    shared = os.path.join(state or state_dir(), "precook")
+    return os.path.join(shared, team) if team else shared
 
 
 def runs_dir(state: str) -> str:

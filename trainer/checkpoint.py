@@ -320,7 +320,9 @@ def load(path: Path, model, optimizer, rank: int, sharded: bool = False) -> dict
     (rank 0's when the world size differs from the writer's: a resume under another layout,
     where per-rank random streams do not map and the rest is the same on every rank).
     `sharded`: `model` is one rank's part of a model-parallel layout, which reads dcp/ only."""
-    train = torch.load(path / "train.pt", map_location="cpu")
+    # A checkpoint may be another team's file: tensors and plain data only, never a pickle's
+    # code (weights_only, spelled out whatever torch's default; trainer/untrusted_files_test.py).
+    train = torch.load(path / "train.pt", map_location="cpu", weights_only=True)
     if (path / DCP_DIR).is_dir():
         from trainer.parallel import dcp
 
@@ -332,7 +334,8 @@ def load(path: Path, model, optimizer, rank: int, sharded: bool = False) -> dict
             "with the layout that wrote it"
         )
     else:
-        load_model_state(model, torch.load(path / "model.pt", map_location="cpu", mmap=True))
+        state = torch.load(path / "model.pt", map_location="cpu", mmap=True, weights_only=True)
+        load_model_state(model, state)
         load_optimizer_state(model, optimizer, train["optimizer"])
     ranks = train["ranks"]
     world_size = torch.distributed.get_world_size() if distributed.active() else 1
@@ -342,7 +345,7 @@ def load(path: Path, model, optimizer, rank: int, sharded: bool = False) -> dict
 def language_model_state(path: Path) -> dict:
     """model.pt's language model: the whole state, or its `lm.` part where the run trained
     more than a Transformer (a scalar head: REWARD, PPO; a VLM's encoder and projector)."""
-    state = torch.load(Path(path) / "model.pt", map_location="cpu", mmap=True)
+    state = torch.load(Path(path) / "model.pt", map_location="cpu", mmap=True, weights_only=True)
     if any(k.startswith("lm.") for k in state):
         return {k[3:]: v for k, v in state.items() if k.startswith("lm.")}
     return state

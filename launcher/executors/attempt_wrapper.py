@@ -10,6 +10,11 @@ Standard library only: it runs under any Python, also on a Slurm node. In DIR it
   already there (written by a launcher that gave up on this attempt) also means: do nothing.
 SIGTERM/SIGINT/SIGHUP are forwarded to the trainer's process group; the wrapper keeps waiting
 so that it can record the exit code of a trainer that checkpoints and exits 75.
+
+With `--sandboxed` the command is a bubblewrap command (launcher/executors/sandbox.py): those
+signals go to the sandboxed command itself, found through bwrap's --info-fd (bwrap passes none
+on, and its own processes die of a SIGTERM, taking the sandbox with them); `pid.json` names it
+as `term_pid`. SIGKILL to the process group still ends the whole sandbox.
 """
 
 import fcntl
@@ -47,9 +52,35 @@ def write_json_atomically(path: str, data: dict):
         os.close(dir_fd)
 
 
+def sandboxed_pid(info_fd: int) -> int | None:
+    """The host pid of the command bwrap runs: the one child of the sandbox's init process,
+    whose pid bwrap writes to `info_fd` (None: bwrap ended before starting it)."""
+    with os.fdopen(info_fd) as info:
+        text = info.read()
+    if not text.strip():
+        return None
+    init = json.loads(text)["child-pid"]
+    for _ in range(500):
+        try:
+            with open(f"/proc/{init}/task/{init}/children") as f:
+                children = f.read().split()
+        except OSError:
+            return None
+        if children:
+            return int(children[0])
+        time.sleep(0.01)
+    return None
+
+
 def main(argv: list[str]) -> int:
+    sandboxed = len(argv) > 2 and argv[2] == "--sandboxed"
+    if sandboxed:
+        argv = argv[:2] + argv[3:]
     if len(argv) < 4 or argv[0] != "--attempt-dir" or argv[2] != "--":
-        print("usage: attempt_wrapper.py --attempt-dir DIR -- COMMAND...", file=sys.stderr)
+        print(
+            "usage: attempt_wrapper.py --attempt-dir DIR [--sandboxed] -- COMMAND...",
+            file=sys.stderr,
+        )
         return 2
     attempt_dir, command = argv[1], argv[3:]
     os.makedirs(attempt_dir, exist_ok=True)
@@ -63,34 +94,49 @@ def main(argv: list[str]) -> int:
         return DUPLICATE
 
     pending = []
-    child = None
+    target: dict = {}  # "pgid" (the trainer's group) or "pid" (the sandboxed command), once known
 
     def forward(signum, _frame):
-        if child is None:
+        if not target:
             pending.append(signum)
-        else:
-            try:
-                os.killpg(child.pid, signum)
-            except ProcessLookupError:
-                pass
+            return
+        try:
+            if "pid" in target:
+                os.kill(target["pid"], signum)
+            else:
+                os.killpg(target["pgid"], signum)
+        except ProcessLookupError:
+            pass
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
+    info_read, info_write = os.pipe() if sandboxed else (-1, -1)
+    if sandboxed:
+        command = [command[0], "--info-fd", str(info_write), *command[1:]]
     try:
-        child = subprocess.Popen(command, process_group=0)
+        child = subprocess.Popen(
+            command, process_group=0, pass_fds=(info_write,) if sandboxed else ()
+        )
     except OSError as e:
         print(f"attempt_wrapper: cannot start {command[0]!r}: {e}", file=sys.stderr, flush=True)
         write_json_atomically(exit_path, {"code": 127, "error": str(e), "finished": time.time()})
         return 127
-    write_json_atomically(
-        os.path.join(attempt_dir, "pid.json"),
-        {
-            "pid": os.getpid(),
-            "start_ticks": start_ticks(os.getpid()),
-            "child_pgid": child.pid,
-            "child_start_ticks": start_ticks(child.pid),
-        },
-    )
+    pids = {
+        "pid": os.getpid(),
+        "start_ticks": start_ticks(os.getpid()),
+        "child_pgid": child.pid,
+        "child_start_ticks": start_ticks(child.pid),
+    }
+    inner = None
+    if sandboxed:
+        os.close(info_write)
+        inner = sandboxed_pid(info_read)
+    if inner is not None:
+        pids["term_pid"] = inner
+        target["pid"] = inner
+    else:
+        target["pgid"] = child.pid
+    write_json_atomically(os.path.join(attempt_dir, "pid.json"), pids)
     for signum in pending:
         forward(signum, None)
     code = child.wait()

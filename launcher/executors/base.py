@@ -21,6 +21,7 @@ from protos import attempt_pb2, job_pb2
 # What a trainer in an image or a pod gets of the launch environment (the host's PYTHONPATH
 # is not for it).
 PORTABLE_ENV = ("PYTHONUNBUFFERED", "CUDA_VISIBLE_DEVICES")
+JOB_PATH = "/usr/local/bin:/usr/bin:/bin"  # a job's PATH on a host (job_env)
 STARTUP_GRACE_SECONDS = 10.0  # an attempt launched this recently may not show up yet
 WRAPPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attempt_wrapper.py")
 
@@ -108,8 +109,21 @@ def read_json(path: str) -> dict | None:
         return None
 
 
-def wrapped(attempt_dir: str, argv: list, python: str = sys.executable) -> list:
-    return [python, WRAPPER, "--attempt-dir", attempt_dir, "--", *argv]
+def wrapped(
+    attempt_dir: str, argv: list, python: str = sys.executable, sandboxed: bool = False
+) -> list:
+    """`argv` under attempt_wrapper.py (`sandboxed`: argv is a bwrap command)."""
+    flag = ["--sandboxed"] if sandboxed else []
+    return [python, WRAPPER, "--attempt-dir", attempt_dir, *flag, "--", *argv]
+
+
+def job_env(launch: Launch) -> dict:
+    """A trainer's whole environment on a host: what the launch says and the basics a process
+    needs, never the launcher's own (its KITCHEN_TOKEN, cloud credentials, ...). HOME is the
+    run dir's `home/` (caches a library keeps there stay with the job)."""
+    home = os.path.join(launch.job.run_dir, "home")
+    os.makedirs(home, exist_ok=True)
+    return {"PATH": JOB_PATH, "HOME": home, "LANG": "C.UTF-8", "TMPDIR": "/tmp", **launch.env}
 
 
 def torchrun(torchrun_cmd: list, argv: list, nproc: int, rendezvous: list) -> list:

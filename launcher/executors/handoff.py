@@ -29,12 +29,17 @@ def attempt_message(
     job: job_pb2.Job, cfg: launcher_pb2.LauncherConfig, token_file: str = ""
 ) -> attempt_pb2.Attempt:
     """What the trainer of `job`'s current attempt is told (`cfg`: the resolved config)."""
+    spec = job_pb2.JobSpec()
+    spec.CopyFrom(job.spec)  # the launcher's word on what the job may do, not the submitter's:
+    allowed = job.spec.team in cfg.task_code_teams
+    if allowed or spec.trainer.eval.allow_task_code:
+        spec.trainer.eval.allow_task_code = allowed
     return attempt_pb2.Attempt(
         job_id=job.id,
         number=job.attempts,
-        spec=job.spec,
+        spec=spec,
         run_dir=job.run_dir,
-        cache_dir=precook_cache_dir(job.spec.trainer.data, cfg.state_dir),
+        cache_dir=precook_cache_dir(job.spec.trainer.data, cfg.state_dir, job.spec.team),
         launcher=cfg.advertise,
         token_file=token_file,
         tls_ca=cfg.tls_cert,

@@ -45,6 +45,20 @@ def test_write_puts_the_token_in_a_private_file_and_the_rest_in_attempt_json(tmp
     assert not os.path.exists(os.path.join(attempt_dir(job.run_dir, 3), "token"))
 
 
+def test_the_launcher_decides_the_cache_and_whether_task_files_may_run_code(tmp_path):
+    cfg = launcher_pb2.LauncherConfig(state_dir=str(tmp_path), task_code_teams=["nlp"])
+    job = job_pb2.Job(id="j1", attempts=1, run_dir=str(tmp_path / "runs" / "j1"))
+    job.spec.team = "nlp"
+    trusted = handoff.write(job, cfg, attempt_dir(job.run_dir, 1), "")
+    assert trusted.spec.trainer.eval.allow_task_code
+    assert trusted.cache_dir == str(tmp_path / "precook" / "nlp")  # a team's own datasets
+    job.spec.team = "speech"
+    job.spec.trainer.eval.allow_task_code = True  # the submitter's word counts for nothing
+    other = handoff.write(job, cfg, attempt_dir(job.run_dir, 1), "")
+    assert not other.spec.trainer.eval.allow_task_code
+    assert other.cache_dir == str(tmp_path / "precook" / "speech")
+
+
 def test_the_token_is_in_no_argv_or_environment_of_the_attempt(tmp_path):
     cfg = h.config(tmp_path, tokens_file=h.admin_tokens_file(tmp_path))
     launcher, _ = h.start(cfg)
@@ -57,7 +71,7 @@ def test_the_token_is_in_no_argv_or_environment_of_the_attempt(tmp_path):
         token_file = os.path.join(where, "token")
         assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
         token = open(token_file).read()
-        assert token == launcher.store.attempt_token(job.id)
+        assert launcher.store.attempt_token_matches(job.id, token)
         attempt = read_attempt(os.path.join(where, "attempt.json"))
         assert (attempt.job_id, attempt.number, attempt.run_dir) == (job.id, 1, job.run_dir)
         assert (attempt.launcher, attempt.token_file) == (launcher.address, token_file)

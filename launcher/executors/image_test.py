@@ -41,6 +41,7 @@ def in_image(tmp_path, monkeypatch, cache_dir):
         pytest.skip(f"{LAYOUT} is not built (bazel build //images:launcher)")
     monkeypatch.setenv("KITCHEN_CACHE_DIR", str(cache_dir))
     cfg = harness.config(tmp_path, tokens_file=harness.admin_tokens_file(tmp_path))
+    cfg.paths.allowed_roots.append(os.path.dirname(os.path.realpath(LAYOUT)))  # images it may name
     behaviour = str(tmp_path / "behaviour")
     cfg.images.entrypoint = f"python3 {FAKE_TRAINER} --behaviour-dir {behaviour}"
     cfg.images.binds.extend([os.path.dirname(FAKE_TRAINER), behaviour])

@@ -23,6 +23,7 @@ from launcher.executors.base import (
     Status,
     abandon,
     exit_status,
+    job_env,
     read_json,
     torchrun,
     wrapped,
@@ -35,21 +36,23 @@ TASK_DRIVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "task_dri
 class LocalExecutor(Executor):
     kind = "local"
 
-    def __init__(self, torchrun_cmd: list, clock=time.time, images=None):
+    def __init__(self, torchrun_cmd: list, clock=time.time, images=None, sandbox=None):
         self.torchrun_cmd = torchrun_cmd
         self.clock = clock
         self.images = images  # kitchen.v1.ImageRunConfig, resolved: for jobs naming an image
+        self.sandbox = sandbox  # a sandbox.Sandbox; None: plain subprocesses (SANDBOX_NONE)
         # attempt_dir -> Popen of the wrappers this process started
         self._children: dict[str, subprocess.Popen] = {}
 
     def start(self, launch: Launch):
         resources = launch.job.spec.resources
-        env = {**os.environ, **launch.env}
+        env = job_env(launch)
         gpus = [g for node in launch.job.allocation for g in node.gpus]
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
         argv = launch.argv
         nproc = resources.processes_per_node or 1
+        sandboxed = False
         if launch.job.spec.image:  # one node; torchrun inside the image for several processes
             argv = image.command(self.images, launch, env, ",".join(map(str, gpus)))
         elif nproc > 1:
@@ -57,10 +60,12 @@ class LocalExecutor(Executor):
         os.makedirs(launch.attempt_dir, exist_ok=True)
         n_tasks, extra = task_array.n_tasks(launch.job), {}
         if n_tasks > 1:  # #21: a PRECOOK job's steps, driven by task_driver.py
-            argv, extra = self._task_driver(launch, n_tasks), {"precook_tasks": n_tasks}
+            argv, extra = self._task_driver(launch, n_tasks, env, gpus), {"precook_tasks": n_tasks}
+        elif self.sandbox is not None and not launch.job.spec.image:
+            argv, sandboxed = self.sandbox.command(launch, argv, env, gpus), True
         with open(launch.log_path, "ab") as log:
             popen = subprocess.Popen(
-                wrapped(launch.attempt_dir, argv),
+                wrapped(launch.attempt_dir, argv, sandboxed=sandboxed),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -71,15 +76,19 @@ class LocalExecutor(Executor):
         self._children[launch.attempt_dir] = popen
         return {**launch.handle, "wrapper_pid": popen.pid, **extra}, Status.RUNNING
 
-    def _task_driver(self, launch: Launch, n_tasks: int) -> list:
-        """The driver's command; its plan: the unfinished tasks, as many at once as CPUs."""
+    def _task_driver(self, launch: Launch, n_tasks: int, env: dict, gpus: list) -> list:
+        """The driver's command; its plan: the unfinished tasks, as many at once as CPUs, each
+        in the sandbox."""
         d = launch.attempt_dir
         tasks = task_array.todo(task_array.run_dir_of(d), n_tasks)
         task_array.prepare_dirs(d, tasks)
 
         def step(s: PrecookStep, index: int | str = "") -> dict:
             where = task_array.step_dir(d, s, index)
-            argv = wrapped(where, task_array.step_argv(launch, s, str(index)))
+            argv = task_array.step_argv(launch, s, str(index))
+            if self.sandbox is not None:
+                argv = self.sandbox.command(launch, argv, env, gpus)
+            argv = wrapped(where, argv, sandboxed=self.sandbox is not None)
             return {"argv": argv, "log": os.path.join(where, "output.log")}
 
         plan = {
@@ -145,6 +154,8 @@ class LocalExecutor(Executor):
         if sig == signal.SIGTERM:
             if wrapper_alive:
                 os.kill(pids["pid"], sig)  # forwarded to the trainer's group exactly once
+            elif leader_alive and "term_pid" in pids:  # sandboxed: bwrap would die of it
+                _kill(pids["term_pid"], sig)
             elif leader_alive:
                 _killpg(pids["child_pgid"], sig)
         elif wrapper_alive or leader_alive:
@@ -157,5 +168,12 @@ class LocalExecutor(Executor):
 def _killpg(pgid: int, sig: int):
     try:
         os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill(pid: int, sig: int):
+    try:
+        os.kill(pid, sig)
     except ProcessLookupError:
         pass

@@ -26,6 +26,7 @@ from launcher.executors.base import (
     Status,
     abandon,
     exit_status,
+    job_env,
     wrapped,
 )
 from protos.precook_steps import PrecookStep
@@ -47,6 +48,14 @@ def _attempt_name(launch: Launch) -> str:
 def _step_name(attempt_name: str, step: PrecookStep) -> str:
     """The Slurm job name of one step of a PRECOOK job's attempt (its tasks share one)."""
     return f"{attempt_name}-{step.value}"
+
+
+def _exports(launch: Launch) -> str:
+    """The batch script's environment: the job's own (base.job_env's rule). sbatch runs with
+    --export=NIL, so nothing of the launcher's environment reaches the node; srun steps
+    inside take the script's (SLURM_EXPORT_ENV=ALL)."""
+    env = {**job_env(launch), "SLURM_EXPORT_ENV": "ALL"}
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(env.items()))
 
 
 def _run(argv, env=None) -> str:
@@ -87,7 +96,7 @@ class SlurmExecutor(Executor):
             a if a.startswith(("--rdzv-endpoint", "--gpus=$")) else shlex.quote(a)
             for a in wrapped(launch.attempt_dir, argv, self.python)
         )
-        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(launch.env.items()))
+        exports = _exports(launch)
         head = 'head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)\n'
         return f"#!/bin/bash\n{exports}{head}exec {command}\n"
 
@@ -102,7 +111,8 @@ class SlurmExecutor(Executor):
         with open(script, "w") as f:
             f.write(self._script(launch))
         argv = [
-            "sbatch", "--parsable", f"--job-name={name}", f"--output={launch.log_path}",
+            "sbatch", "--parsable", "--export=NIL", f"--job-name={name}",
+            f"--output={launch.log_path}",
             f"--chdir={launch.job.run_dir}", f"--nodes={r.nodes or 1}", "--ntasks-per-node=1",
         ]  # fmt: skip
         if r.gpus_per_node:
@@ -143,12 +153,13 @@ class SlurmExecutor(Executor):
             f'"{a}"' if index in a else shlex.quote(a)
             for a in wrapped(task_array.step_dir(d, step, index), argv, self.python)
         )
-        exports = "".join(f"export {k}={shlex.quote(v)}\n" for k, v in sorted(launch.env.items()))
+        exports = _exports(launch)
         script = os.path.join(d, f"{step.value}.sh")
         with open(script, "w") as f:
             f.write(f"#!/bin/bash\n{exports}exec {command}\n")
         argv = [
-            "sbatch", "--parsable", f"--job-name={_step_name(_attempt_name(launch), step)}",
+            "sbatch", "--parsable", "--export=NIL",
+            f"--job-name={_step_name(_attempt_name(launch), step)}",
             "--ntasks=1",
             f"--output={os.path.join(task_array.step_dir(d, step, '%a'), 'output.log')}",
             f"--chdir={launch.job.run_dir}", *flags,

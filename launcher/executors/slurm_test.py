@@ -47,14 +47,16 @@ def _wait_status(ex, handle, statuses, timeout=60.0):
     return seen
 
 
-def test_exit_code_env_and_log_through_slurm(slurm, tmp_path):
+def test_exit_code_env_and_log_through_slurm(slurm, tmp_path, monkeypatch):
+    monkeypatch.setenv("KITCHEN_TOKEN", "the-launchers-own")  # sbatch must not pass it on
     ex = SlurmExecutor(launcher_pb2.SlurmPoolConfig(), [])
-    launch = _launch(tmp_path, "import os; print('env', os.environ['KITCHEN_TEST']); exit(3)")
+    code = "import os; print('env', os.environ['KITCHEN_TEST'], 'KITCHEN_TOKEN' in os.environ)"
+    launch = _launch(tmp_path, code + "; exit(3)")
     handle, status = ex.start(launch)
     assert status == Status.PENDING and handle["slurm_job_id"].isdigit()
     seen = _wait_status(ex, handle, {Status.EXITED, Status.LOST})
     assert (seen.status, seen.exit_code) == (Status.EXITED, 3)
-    assert "env from-launcher" in open(launch.log_path).read()
+    assert "env from-launcher False" in open(launch.log_path).read()
 
 
 def test_sigterm_via_scancel_and_finding_a_job_by_name(slurm, tmp_path):

@@ -98,8 +98,6 @@ def gpu_mounts(
             f"run_image: --gpus: no {', '.join(f'{dev_root}/nvidia{g}' for g in missing)} on "
             "this machine (is the NVIDIA driver loaded?)"
         )
-    nodes = [os.path.join(dev_root, f"nvidia{g}") for g in gpus]
-    nodes += [p for p in (os.path.join(dev_root, n) for n in CONTROL_NODES) if os.path.exists(p)]
     libraries = []
     for lib_dir in lib_dirs if lib_dirs is not None else host_library_dirs():
         for name in DRIVER_LIBRARIES:
@@ -112,7 +110,15 @@ def gpu_mounts(
             "run_image: --gpus: no libcuda.so on this machine (the NVIDIA driver's library)"
         )
     env = {"LD_LIBRARY_PATH": LIB_DIR, "NVIDIA_VISIBLE_DEVICES": ",".join(map(str, gpus))}
-    return GpuMounts(tuple(_device(n) for n in nodes), tuple(dict.fromkeys(libraries)), env)
+    return GpuMounts(device_nodes(gpus, dev_root), tuple(dict.fromkeys(libraries)), env)
+
+
+def device_nodes(gpus: list[int], dev_root: str = "/dev") -> tuple[Device, ...]:
+    """The device nodes a process using `gpus` (host indices) opens: theirs and the control
+    nodes this host has."""
+    nodes = [os.path.join(dev_root, f"nvidia{g}") for g in gpus]
+    nodes += [p for p in (os.path.join(dev_root, n) for n in CONTROL_NODES) if os.path.exists(p)]
+    return tuple(_device(n) for n in nodes)
 
 
 def bwrap_args(mounts: GpuMounts) -> list[str]:

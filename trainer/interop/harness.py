@@ -10,6 +10,12 @@ A task name in `trainer.eval.tasks` is looked up in order:
    in the Hugging Face datasets cache; nothing is downloaded (HF_DATASETS_OFFLINE=1).
 An unknown name, or a registered task whose data is not on this machine, is a ConfigError
 naming `trainer.eval.tasks` and the task: the trainer exits 2.
+
+A task YAML is data unless `trainer.eval.allow_task_code` (under a launcher: set by the
+launcher for the teams it trusts, docs/eval.md): lm-eval's `!function` imports and runs a
+Python file, so it is refused naming the file and line, and so is an `include:` that is
+absolute or climbs out with `..` (it would read any YAML on the machine, and that one's
+`!function`s). The harness's own task files stay trusted (their `!function`s are its code).
 """
 
 import difflib
@@ -46,15 +52,34 @@ def offline() -> None:
     os.environ["HF_HUB_OFFLINE"] = "1"
 
 
-def local_tasks(tasks_dir: str) -> dict[str, dict]:
+def sandbox_templates() -> None:
+    """The harness renders a task's prompts (`doc_to_text: "{{question}}"`) with a plain Jinja
+    environment, in which a template reaches Python (`{{ cycler.__init__.__globals__.os }}`):
+    a task YAML with no `!function` would still run code. Its environment becomes Jinja's
+    sandboxed one, with the same options and filters (every harness template is plain data
+    access, which the sandbox allows)."""
+    from jinja2.sandbox import SandboxedEnvironment
+    from lm_eval import utils
+
+    if isinstance(utils.env, SandboxedEnvironment):
+        return
+    safe = SandboxedEnvironment(
+        loader=utils.env.loader, undefined=utils.env.undefined, keep_trailing_newline=True
+    )
+    safe.filters.update(utils.env.filters)
+    utils.env = safe
+
+
+def local_tasks(tasks_dir: str, allow_code: bool = False) -> dict[str, dict]:
     """{task name: its config, data_files made absolute} of the shipped tasks and `tasks_dir`
-    (which wins on a name both define)."""
+    (which wins on a name both define); `allow_code`: its YAMLs may run code (see above)."""
     found: dict[str, dict] = {}
     for directory in [SHIPPED] + ([Path(tasks_dir)] if tasks_dir else []):
         if not directory.is_dir():
             raise ConfigError("trainer.eval.tasks_dir", f"{directory} is not a directory")
+        trusted = allow_code or directory == SHIPPED
         for path in sorted(directory.glob("*.yaml")):
-            config = _load_task_yaml(path)
+            config = _load_task_yaml(path) if trusted else _data_task_yaml(path, directory)
             if "task" not in config:
                 continue
             files = config.get("dataset_kwargs", {}).get("data_files")
@@ -102,9 +127,58 @@ def _load_task_yaml(path: Path) -> dict:
     return merged
 
 
-def task_specs(names: list[str], tasks_dir: str) -> list[str | dict]:
+class _DataLoader(yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader):  # type: ignore[misc]
+    """A task YAML as data: `!function` is refused with its file and line."""
+
+
+def _refuse_function(loader, node):
+    where = f"{node.start_mark.name}:{node.start_mark.line + 1}"
+    raise ConfigError(
+        "trainer.eval.tasks_dir",
+        f"{where}: `!function {node.value}` runs code from the task directory; this job may not "
+        "(trainer.eval.allow_task_code, docs/eval.md)",
+    )
+
+
+_DataLoader.add_constructor("!function", _refuse_function)
+
+
+def _data_task_yaml(path: Path, root: Path) -> dict:
+    """`_load_task_yaml` for a task directory that may not run code: `!function` refused, an
+    `include:` only of a file in `root` (read the same way) or of the harness's own tasks."""
+    try:
+        with path.open("rb") as f:
+            config = yaml.load(f, Loader=_DataLoader)  # noqa: S506 - a SafeLoader
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError("trainer.eval.tasks_dir", f"{path}: not a task config: {e}") from e
+    if not isinstance(config, dict):
+        raise ConfigError("trainer.eval.tasks_dir", f"{path}: not a task config (not a mapping)")
+    includes = config.pop("include", [])
+    merged: dict = {}
+    for name in includes if isinstance(includes, list) else [includes]:
+        if not isinstance(name, str) or os.path.isabs(name) or ".." in Path(name).parts:
+            raise ConfigError(
+                "trainer.eval.tasks_dir",
+                f"{path}: include {name!r}: name a file beside it or one of the harness's own "
+                "tasks (relative, no '..'): this job may not read task files elsewhere",
+            )
+        beside = path.parent / name
+        if beside.exists() and not beside.resolve().is_relative_to(root.resolve()):
+            raise ConfigError(
+                "trainer.eval.tasks_dir", f"{path}: include {name!r} leads out of {root}"
+            )
+        if beside.exists():
+            merged.update(_data_task_yaml(beside, root))
+        else:
+            merged.update(_load_task_yaml(_harness_tasks() / name))
+    merged.pop("tag", None)
+    merged.update(config)
+    return merged
+
+
+def task_specs(names: list[str], tasks_dir: str, allow_code: bool = False) -> list[str | dict]:
     """What the harness loads for each name: a local config, or a registered name."""
-    local = local_tasks(tasks_dir)
+    local = local_tasks(tasks_dir, allow_code)
     specs: list[str | dict] = []
     for name in names:
         if name in local:
@@ -126,7 +200,8 @@ def task_specs(names: list[str], tasks_dir: str) -> list[str | dict]:
 def run_tasks(lm, cfg: EvalConfig) -> list[TaskScore]:
     """Every task of `cfg.tasks` on `lm` (a harness LM); scores in task order."""
     offline()
-    specs = task_specs(list(cfg.tasks), cfg.tasks_dir)
+    sandbox_templates()
+    specs = task_specs(list(cfg.tasks), cfg.tasks_dir, cfg.allow_task_code)
     local_only = all(isinstance(s, dict) for s in specs)
     with tempfile.TemporaryDirectory(prefix="kitchen-harness-") as scratch:
         for spec in specs:  # local data: its Arrow cache is scratch, not ~/.cache (read-only?)

@@ -59,7 +59,7 @@ def export_checkpoint(source: Path, tokenizer: Tokenizer, out: Path) -> Exported
             "token embeddings: use the checkpoint's own dataset",
             str(source),
         )
-    state = torch.load(source / "model.pt", map_location="cpu", mmap=True)
+    state = torch.load(source / "model.pt", map_location="cpu", mmap=True, weights_only=True)
     tensors = hf_tensors(state, meta.model.tie_embeddings)
     dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     special = hf_tokenizer.special_tokens(tokenizer)

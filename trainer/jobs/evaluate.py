@@ -22,7 +22,7 @@ def run(ctx: JobContext) -> ExitCode:
     cfg, env, log = ctx.cfg, ctx.env, ctx.log
     dtype = train_dtype(cfg, env.device)
     if cfg.eval.tasks:  # an unknown task name: exit 2 before any checkpoint is evaluated
-        harness.task_specs(list(cfg.eval.tasks), cfg.eval.tasks_dir)
+        harness.task_specs(list(cfg.eval.tasks), cfg.eval.tasks_dir, cfg.eval.allow_task_code)
     targets: list[tuple[str, Path | None]] = [("", None)]
     if cfg.eval.sweep:
         targets = list(sweep.sweep_targets(Path(cfg.eval.sweep)))

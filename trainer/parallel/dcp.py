@@ -23,6 +23,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from trainer.parallel import dcp_check
+
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -37,7 +39,9 @@ def save(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None
 
 
 def load(path: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Collective: fill this rank's part of `model` and `optimizer` from `path`."""
+    """Collective: fill this rank's part of `model` and `optimizer` from `path` (checked to
+    hold data only first: it may be another team's, dcp_check.py)."""
+    dcp_check.check(path)
     state = _state(model, optimizer)
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(

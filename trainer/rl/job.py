@@ -165,7 +165,7 @@ def load_reward_model(cfg, pol: Policy, path: str, device, log):
         raise ConfigError(field, f"{path} is a {loaded.meta.kind} checkpoint, not a REWARD one")
     policy.check_matches(pol.actor, loaded, field, shape=False)
     head = policy.ScalarHead(loaded.meta.model).to(device)
-    state = torch.load(loaded.path / "model.pt", map_location="cpu", mmap=True)
+    state = torch.load(loaded.path / "model.pt", map_location="cpu", mmap=True, weights_only=True)
     head.load_state_dict({k[len("head.") :]: v for k, v in state.items() if k.startswith("head.")})
     log(f"reward model {loaded.path} (step {loaded.meta.step})")
     return policy.frozen(loaded.model), policy.frozen(head)

@@ -28,7 +28,8 @@ def load_vlm(ctx: JobContext):
     seed_everything(ctx.cfg.train.seed)
     model = build_vlm(ctx.cfg, meta.vocab_size, ctx.env.device)
     try:
-        checkpoint.load_model_state(model, torch.load(found / "model.pt", map_location="cpu"))
+        state = torch.load(found / "model.pt", map_location="cpu", weights_only=True)
+        checkpoint.load_model_state(model, state)
     except RuntimeError as e:
         raise ConfigError("trainer.vision", f"does not match the checkpoint {found}: {e}") from e
     ctx.log(f"loaded {found} (VLM, step {meta.step})")

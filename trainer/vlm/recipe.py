@@ -44,7 +44,7 @@ class VlmRecipe(Recipe):
         path = Path(self.cfg.checkpoint.path)
         meta = checkpoint.pretrained(path, self.cfg.model, self.vocab_size)
         if meta.kind == "VLM":
-            state = torch.load(path / "model.pt", map_location="cpu", mmap=True)
+            state = torch.load(path / "model.pt", map_location="cpu", mmap=True, weights_only=True)
             try:
                 checkpoint.load_model_state(model, state)
             except RuntimeError as e:  # another encoder or projector shape
