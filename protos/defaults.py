@@ -164,7 +164,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "eval_fraction": Field(0.1, 0, 1, high_open=True),
     },
     "distill": {  # #30: DISTILL (trainer/recipes/distill.py)
-        "temperature": Field(2.0, 0, 100, low_open=True),
+        "temperature": Field(1.0, 0, 100, low_open=True),
         "alpha": Field(0.5, 0, 1),
     },
     "eval": {

@@ -161,7 +161,8 @@ class Recipe:
         pass
 
     def finish(self, model: torch.nn.Module, run_dir, step: int) -> None:
-        """After the last step and the final evaluation (rank 0 and the others): a summary."""
+        """After the last step and the final evaluation, on every rank: a summary. `model` is
+        the recipe's module (not a DDP wrapper; under FSDP its forwards are collective)."""
 
 
 class ListBatches:

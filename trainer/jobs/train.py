@@ -21,7 +21,7 @@ def run(ctx: JobContext) -> ExitCode:
     summary = trainer.goodput.summary()
     ctx.log(summary)
     if outcome is loop.Outcome.DONE:
-        recipe.finish(trainer.model, ctx.run_dir, trainer.step)
+        recipe.finish(trainer.bare, ctx.run_dir, trainer.step)
     if ctx.env.is_main:
         trainer.metrics.write(trainer._progress(phase=outcome.value, message=summary))
         png = plots.plot_loss(ctx.run_dir)

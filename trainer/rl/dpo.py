@@ -10,7 +10,6 @@ import dataclasses
 import torch
 
 from protos import trainer_config_pb2
-from trainer import distributed
 from trainer.recipe import Evaluation
 from trainer.rl import job as rljob
 from trainer.rl import losses, policy
@@ -104,8 +103,7 @@ class DpoRecipe(PairRecipe):
         ]
         held = mean_stats(parts)
         model.train(was_training)
-        lm = distributed.unwrap(model)
-        e = rljob.evaluate_policy(self.cfg, self.policy, lm, self.ref, self.prompts)
+        e = rljob.evaluate_policy(self.cfg, self.policy, model, self.ref, self.prompts)
         self.last = held, e
         message = rljob.eval_line(f"eval at step {step}", e)
         fields = {"eval_loss": held.loss, **e.fields(), **held.fields()}

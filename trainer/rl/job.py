@@ -14,7 +14,7 @@ from protos import trainer_config_pb2
 from protos.config_yaml import ConfigError
 from protos.enums import enum_name
 from protos.files import write_json_atomic
-from trainer import checkpoint
+from trainer import checkpoint, distributed
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
 from trainer.model import Transformer, head_dim, select_ops
 from trainer.recipe import Recipe
@@ -54,27 +54,31 @@ class Policy:
 
     def sample(
         self,
-        lm,
+        model,
         prompts: list[str],
         per_prompt: int,
         rl: trainer_config_pb2.RlConfig,
         generator: torch.Generator,
     ) -> tuple[policy.Rollouts, list[int], list[str]]:
-        """`per_prompt` responses to each prompt from `lm`, sampled by the inference engine
+        """`per_prompt` responses to each prompt from `model` (a policy, with or without a
+        scalar head, wrapped or not), sampled by the inference engine
         from its live weights (trainer.rl's length and temperature; policy.sample): (the
         sequences and their log-probabilities, where each response starts, each response's
         text). Response i answers prompts[i // per_prompt]."""
         ids = [self.prompt_ids(p) for p in prompts]
-        out = policy.sample(
-            lm,
-            ids,
-            per_prompt,
-            rl.max_new_tokens,
-            temperature=rl.temperature,
-            eos_id=self.tokenizer.eos_id,
-            generator=generator,
-            max_len=self.max_len,
-        )
+        # The engine reads the weights in place, outside the model's forward: every rank
+        # gathers them whole first (FSDP; a DDP wrapper is only unwrapped).
+        with distributed.whole(model) as bare:
+            out = policy.sample(
+                policy.language_model(bare),
+                ids,
+                per_prompt,
+                rl.max_new_tokens,
+                temperature=rl.temperature,
+                eos_id=self.tokenizer.eos_id,
+                generator=generator,
+                max_len=self.max_len,
+            )
         starts = [len(ids[i // per_prompt]) for i in range(len(out.sequences))]
         texts = [self.tokenizer.decode(o[s:]) for o, s in zip(out.sequences, starts, strict=True)]
         return out, starts, texts
@@ -211,7 +215,9 @@ def evaluate_policy(
     cfg, pol: Policy, model, ref, prompts: list[str], samples_per_prompt: int = 4
 ) -> PolicyEval:
     """Sample `samples_per_prompt` responses per prompt from `model` (a fixed seed: the same
-    draw before and after training), score them with the verifier, measure KL to `ref`."""
+    draw before and after training), score them with the verifier, measure KL to `ref`.
+    `model`: the trained module as the core holds it (a DDP or FSDP one too; every rank calls
+    this the same way)."""
     rl = cfg.rl
     was_training = model.training
     model.eval()

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 
 from protos import trainer_config_pb2
 from protos.config_yaml import ConfigError
-from trainer import distributed
 from trainer.recipe import BatchCounts, Evaluation
 from trainer.rl import data, losses, policy
 from trainer.rl import job as rljob
@@ -83,6 +82,7 @@ class Rollouts:
     def _rollout(self) -> float:
         start = time.perf_counter()
         r = self.recipe
+        r.started = r.started or start  # training starts with the first rollout
         rl, t = r.cfg.rl, r.cfg.train
         gen = torch.Generator().manual_seed(t.seed * 1_000_003 + self.rollouts)
         picks = torch.randint(len(r.train_prompts), (rl.rollout_prompts,), generator=gen)
@@ -138,7 +138,7 @@ class PpoRecipe(rljob.RlRecipe):
         self.score = rljob.scorer(self.cfg, self.policy, self.device, self.log)
         # Seconds spent in rollouts since the last logged step, and in this process.
         self.rollout_s, self.rollout_total = 0.0, 0.0
-        self.started = time.perf_counter()
+        self.started = 0.0  # perf_counter() at this process's first rollout
         self.window: dict[str, list[float]] = {}
         self.last: dict[str, float] = {}
 
@@ -150,9 +150,7 @@ class PpoRecipe(rljob.RlRecipe):
 
     def start(self, model) -> str:
         started = self.start_policy(policy.language_model(model))
-        self.before = rljob.evaluate_policy(
-            self.cfg, self.policy, policy.language_model(model), self.ref, self.heldout
-        )
+        self.before = rljob.evaluate_policy(self.cfg, self.policy, model, self.ref, self.heldout)
         self.log(rljob.eval_line(f"before {self.name}", self.before))
         return started
 
@@ -177,17 +175,35 @@ class PpoRecipe(rljob.RlRecipe):
         if state:
             self.rollouts.load_rollout_state(state)
 
+    def forward(self, model, ids: torch.Tensor, entropy: bool = True):
+        """(log pi of each next token (B, T - 1), the entropy of each next-token distribution
+        or None, the value head's values or None for GRPO) from one pass through `model`'s
+        forward: the root module, so DDP and FSDP see it whole."""
+        grpo = self.grpo
+
+        def head(m, hidden):
+            lm = policy.language_model(m)
+            logits = F.linear(hidden[:, :-1], lm.output.weight).float()
+            logp_all = logits.log_softmax(-1)
+            logps = torch.gather(logp_all, 2, ids[:, 1:, None]).squeeze(-1)
+            ent = -(logp_all.exp() * logp_all).sum(-1) if entropy else None
+            values = None if grpo else m.head(hidden[:, :-1])
+            return logps, ent, values
+
+        positions = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
+        return model(ids, positions, None, head=head)
+
     @torch.no_grad()
     def make_rollout(self, model, prompts: list[str], gen: torch.Generator) -> dict:
-        """Sample, score and evaluate one rollout with `model`'s current weights."""
+        """Sample, score and evaluate one rollout with `model`'s current weights (every rank
+        the same: the core's module, which the sampler and the forward pass each see whole)."""
         rl, G = self.cfg.rl, self.cfg.rl.group_size
-        lm = policy.language_model(model)
-        sampled, starts, texts = self.policy.sample(lm, prompts, G, rl, gen)
+        sampled, starts, texts = self.policy.sample(model, prompts, G, rl, gen)
         out = sampled.sequences
         scores = self.score([prompts[i // G] for i in range(len(out))], texts, out, starts)
         scores = scores.float()
         batch = self.policy.batch(list(zip(out, starts, strict=True)))
-        hidden, old_logps = policy.hidden_and_logps(lm, batch)
+        old_logps, _, values = self.forward(model, batch.ids, entropy=False)
         ref_logps = policy.token_logps(self.ref, batch)
         mask = batch.mask
         zeros = torch.zeros_like(mask)
@@ -195,7 +211,7 @@ class PpoRecipe(rljob.RlRecipe):
             advantages = losses.grpo_advantages(scores, G)[:, None] * mask
             values, returns = zeros, zeros
         else:
-            values = model.head(hidden[:, :-1]) * mask
+            values = values * mask
             rewards = -rl.kl_coef * (old_logps - ref_logps) * mask
             rewards[torch.arange(len(out)), batch.last - 1] += scores
             advantages, returns = losses.gae(rewards, values, mask, rl.gamma, rl.gae_lambda)
@@ -229,20 +245,7 @@ class PpoRecipe(rljob.RlRecipe):
     def loss(self, model, batch: dict) -> torch.Tensor:
         rl = self.cfg.rl
         mask = batch["mask"]
-        ids = batch["ids"]
-        grpo = self.grpo
-
-        def head(m, hidden):
-            lm = policy.language_model(m)
-            logits = F.linear(hidden[:, :-1], lm.output.weight).float()
-            logp_all = logits.log_softmax(-1)
-            logps = torch.gather(logp_all, 2, ids[:, 1:, None]).squeeze(-1)
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-            values = None if grpo else m.head(hidden[:, :-1])
-            return logps, entropy, values
-
-        positions = torch.arange(ids.shape[1], device=ids.device)[None].expand(ids.shape[0], -1)
-        logps, entropy, values = model(ids, positions, None, head=head)
+        logps, entropy, values = self.forward(model, batch["ids"])
         n = mask.sum()
         pg, clipped = losses.clipped_policy_loss(
             logps, batch["old_logps"], batch["advantages"], mask, rl.clip_range
@@ -272,8 +275,7 @@ class PpoRecipe(rljob.RlRecipe):
         return fields
 
     def evaluate(self, model, step: int) -> Evaluation:
-        lm = policy.language_model(distributed.unwrap(model))
-        e = rljob.evaluate_policy(self.cfg, self.policy, lm, self.ref, self.heldout)
+        e = rljob.evaluate_policy(self.cfg, self.policy, model, self.ref, self.heldout)
         self.end = e
         message = rljob.eval_line(f"eval at step {step}", e)
         return Evaluation(float("nan"), message, e.fields())
@@ -281,10 +283,12 @@ class PpoRecipe(rljob.RlRecipe):
     def finish(self, model, run_dir, step: int) -> None:
         end = self.end
         self.log(rljob.eval_line(f"after {self.name} ({step} steps)", end))
-        share = self.rollout_total / max(time.perf_counter() - self.started, 1e-9)
+        trained = time.perf_counter() - (self.started or time.perf_counter())
+        share = self.rollout_total / max(trained, 1e-9)
         self.log(
-            f"time: rollouts {self.rollout_total:.1f} s in this process: {share:.0%} of its "
-            "time since the start, the rest mostly updates: the share of each step spent generating"
+            f"time: rollouts {self.rollout_total:.1f} s of {trained:.1f} s of training in this "
+            f"process: {share:.0%} of each step spent generating (the rest: updates, reports, "
+            "evaluation)"
         )
         self.summary(
             run_dir,
