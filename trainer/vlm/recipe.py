@@ -104,11 +104,12 @@ class VlmRecipe(Recipe):
         return {"image_token_share": image / max(tokens, 1.0)}
 
     def finish(self, model: torch.nn.Module, run_dir, step: int) -> None:
-        """The held-out images' answers (every rank runs it: under FSDP the forwards are
-        collective); rank 0 writes the report."""
+        """The held-out images' answers, decoded on the inference engine (every rank runs it,
+        with the weights gathered whole under FSDP); rank 0 writes the report."""
         from trainer.vlm import evaluate
 
-        report = evaluate.evaluate(model, self.dataset, self.device)
+        with distributed.whole(model) as whole:  # the engine reads weights outside forward
+            report = evaluate.evaluate(whole, self.dataset, self.device)
         self.log(evaluate.describe(report))
         if self.env.is_main:
             write_json_atomic(str(Path(run_dir) / evaluate.REPORT), report)
