@@ -129,7 +129,8 @@ class Engine:
         sums = torch.zeros(2, dtype=torch.float64, device=self.device)
         if self.layout.pp == 1:
             mask = self.attention_layout(b["document_ids"])
-            sums[0] = self.part(b["input_ids"], b["position_ids"], mask, b["labels"]).double()
+            loss = summed_loss(self.part, b["input_ids"], b["position_ids"], mask, b["labels"])
+            sums[0] = loss.double()
         else:
             logits = pipeline.forward_only(
                 self.stages, self.layout, self.pp_rank, self.mesh.group("pp"), b
