@@ -15,11 +15,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from protos import trainer_config_pb2
+from protos import job_pb2, trainer_config_pb2
 from protos.config_yaml import job_spec_from_dict
 from protos.validation import resolve_trainer
 from trainer import distributed, evaluate, model_setup
 from trainer.data.tokenizer import load_tokenizer
+from trainer.recipes.lm import LanguageModelRecipe
 from trainer.testing import tiny_job
 
 EVAL_BATCHES = 2  # per data-parallel rank
@@ -88,7 +89,9 @@ def config(cache_dir, name: str, world_size: int) -> trainer_config_pb2.TrainerC
 def score(cfg, env, dataset: str) -> evaluate.HeldoutLoss | None:
     """The held-out loss of `cfg`'s seeded model, set up and evaluated as the trainer does."""
     vocab = load_tokenizer(dataset).vocab_size
-    parts = model_setup.set_up(cfg, env, vocab, torch.float32, log=lambda _: None)
+    quiet = lambda _: None  # noqa: E731
+    recipe = LanguageModelRecipe(cfg, job_pb2.PRETRAIN, env, dataset, vocab, torch.float32, quiet)
+    parts = model_setup.set_up(cfg, env, recipe, torch.float32, log=quiet)
     return evaluate.heldout_loss(parts.model, dataset, cfg, env, torch.float32, parts.engine)
 
 
