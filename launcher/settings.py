@@ -128,10 +128,26 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
 
 def _resolve_sandbox(cfg: launcher_pb2.LauncherConfig) -> None:
     box = cfg.sandbox
+    local = any(p.executor == launcher_pb2.LOCAL for p in cfg.pools)
+    if (
+        box.mode == launcher_pb2.SANDBOX_MODE_UNSPECIFIED
+        and local
+        and not cfg.tokens_file
+        and not shutil.which("bwrap")
+    ):
+        # A launcher with auth off is one user's (nothing to hide from its jobs: they are
+        # theirs); without bubblewrap (e.g. inside the launcher's own image) its default is a
+        # plain subprocess, said at start. Asked for explicitly, or with auth on, it refuses.
+        print(
+            "launcher: no bwrap on PATH: local jobs run unsandboxed (auth is off); install "
+            "bubblewrap or set sandbox.mode",
+            file=sys.stderr,
+            flush=True,
+        )
+        box.mode = launcher_pb2.SANDBOX_NONE
     box.mode = box.mode or launcher_pb2.SANDBOX_BWRAP
     for i, path in enumerate(box.readonly):
         box.readonly[i] = user_path(path)
-    local = any(p.executor == launcher_pb2.LOCAL for p in cfg.pools)
     if box.mode == launcher_pb2.SANDBOX_NONE and cfg.tokens_file:
         raise ConfigError(
             "sandbox.mode",
