@@ -135,6 +135,7 @@ def _rl_fields(kind: job_pb2.JobKind, step: int, rng: random.Random) -> dict:
             "clip_fraction": rng.uniform(0.05, 0.1),
             "response_length": rng.uniform(14, 18),
             "rollout_seconds": rng.uniform(1.1, 1.3),
+            "rollout_logprob_diff": rng.uniform(1e-6, 4e-6),  # float rounding (#30)
             "pass_rate": min(0.9, 0.2 + step / 500),
         }
     if kind == job_pb2.DPO:
