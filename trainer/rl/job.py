@@ -131,7 +131,8 @@ class RlRecipe(Recipe):
 
     def start_policy(self, lm: torch.nn.Module) -> str:
         path = self.policy.actor.path
-        checkpoint.load_model_state(lm, checkpoint.language_model_state(path))
+        # load_policy read and verified model.pt already: its weights, not a second read
+        checkpoint.load_model_state(lm, self.policy.actor.model.state_dict())
         del self.policy.actor.model  # the trained copy is the core's from here on
         return f"starting from the policy {path}"
 
