@@ -11,11 +11,11 @@ import torch
 
 from protos import job_pb2
 from protos.enums import enum_name
-from trainer import checkpoint, evaluate
+from trainer import checkpoint, evaluate, model_setup
 from trainer.data.loader import PackedRowLoader
 from trainer.lm_loss import packed_rows_loss
 from trainer.loop import Trainer
-from trainer.model import Transformer, head_dim, select_ops
+from trainer.model import head_dim
 from trainer.recipe import BatchCounts, Evaluation, Recipe
 from trainer.sizing import flops
 
@@ -26,10 +26,10 @@ class LanguageModelRecipe(Recipe):
     starting = "fine-tuning from"  # the log line of a start from checkpoint.path
 
     def build(self) -> torch.nn.Module:
-        cfg = self.cfg
-        ops = select_ops(cfg.model.use_kernels, self.device)
-        recompute = enum_name(cfg.train, "recompute")
-        return Transformer(cfg.model, self.vocab_size, ops=ops, recompute=recompute).to(self.device)
+        # model_setup's one recipe for the Transformer of a config (it seeds from train.seed
+        # again, as set_up just did: the same weights)
+        recompute = enum_name(self.cfg.train, "recompute")
+        return model_setup.build_model(self.cfg, self.vocab_size, self.device, recompute)
 
     def start(self, model: torch.nn.Module) -> str:
         """SFT starts from checkpoint.path; a DISTILL student may (PRETRAIN ignores it)."""
