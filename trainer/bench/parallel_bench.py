@@ -1,6 +1,6 @@
 """Step time, bytes sent and communication share of each layout, side by side in one launch.
 
-    torchrun --standalone --nproc_per_node 4 -m trainer.parallel.bench OUT.json [LAYOUT ...]
+    torchrun --standalone --nproc_per_node 4 -m trainer.bench.parallel_bench OUT.json [LAYOUT ...]
 
 On CPU (gloo) or GPUs (NCCL, one per process: the same code). Each layout trains the same
 model on the same global batch (8 rows of 256 tokens in 4 micro-batches per step) for a few

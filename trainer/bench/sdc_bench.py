@@ -7,7 +7,7 @@ snapshot, step, checksums, restore, step, checksums), measured in alternating ro
 and their ratios to the step. At one replica check every 50 steps it costs (check / step) / 50
 of training time; at one replay every N steps, (replay / step - 1) / N.
 
-    PYTHONPATH=.:.gen python trainer/health/bench/sdc_bench.py [--out FILE.md]
+    PYTHONPATH=.:.gen python trainer/bench/sdc_bench.py [--out FILE.md]
 """
 
 import argparse
