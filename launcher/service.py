@@ -14,7 +14,7 @@ from launcher import validation
 from launcher.auth import TokenAuth, bearer
 from launcher.controller import FINAL
 from launcher.store import PageTokenError, RequestIdReused
-from protos import job_pb2, launcher_pb2, launcher_pb2_grpc
+from protos import job_pb2, launcher_pb2, launcher_pb2_grpc, run_refs
 from protos.config_yaml import ConfigError
 
 LOG_CHUNK_BYTES = 64 * 1024
@@ -63,15 +63,35 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
                         f"spec.{field}: {theirs!r} is not yours ({mine!r}); only admins may",
                     )
                 setattr(spec, field, theirs or mine)
-        try:
+        try:  # `run:NAME` paths first: the path policy then checks what they name
+            resolved = run_refs.resolve(spec.trainer, self._successful_runs(spec.team))
             pool = validation.validate(spec, self.cfg, self.store.team_of)
         except ConfigError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spec.{e.field}: {e.problem}")
+        job = job_pb2.Job(spec=spec, pool=pool)
+        for r in resolved:
+            job.resolved.add(field=r.field, reference=r.reference, job_id=r.job_id, path=r.path)
         try:  # a request_id is scoped to the spec's team and owner (the caller's, with auth)
-            job, _ = self.controller.submit(job_pb2.Job(spec=spec, pool=pool), request.request_id)
+            job, _ = self.controller.submit(job, request.request_id)
         except RequestIdReused as e:
             context.abort(grpc.StatusCode.ALREADY_EXISTS, str(e))
         return launcher_pb2.SubmitJobResponse(job=self.controller.overlay(job))
+
+    def _successful_runs(self, team: str) -> run_refs.Candidates:
+        """What `run:NAME` may name in a job of `team`: the team's SUCCEEDED jobs called NAME,
+        newest first (protos/run_refs.py)."""
+
+        def candidates(name: str):
+            token = ""
+            while True:
+                jobs, token = self.store.page(
+                    states=[job_pb2.SUCCEEDED], team=team, page_token=token
+                )
+                yield from ((j.id, j.run_dir) for j in jobs if j.spec.name == name and j.run_dir)
+                if not token:
+                    return
+
+        return candidates
 
     def GetJob(self, request, context):
         return self._job(request.id, context)

@@ -1,6 +1,7 @@
 """The gRPC service end to end: a real launcher on 127.0.0.1 running the fake trainer."""
 
 import threading
+from pathlib import Path
 
 import grpc
 import pytest
@@ -233,3 +234,54 @@ def test_a_launcher_refuses_a_lost_database_with_a_clear_message(tmp_path, capsy
         f"directory ({job.id} is the newest): refusing to reuse their ids; restore the "
         f"database or move {state / 'runs'} away\n"
     )
+
+
+def test_runs_are_found_by_name_in_the_callers_team_only(tmp_path):
+    """`run:NAME`: the newest checkpoint of the team's latest SUCCEEDED job of that name,
+    resolved and recorded at submit (protos/run_refs.py); another team's run is never found."""
+    tokens = tmp_path / "tokens.yaml"
+    tokens.write_text(
+        "tokens:\n"
+        "  - {token: alice-token, user: alice, team: nlp}\n"
+        "  - {token: bob-token, user: bob, team: vision}\n"
+    )
+    launcher = server.Launcher(h.config(tmp_path, tokens_file=str(tokens))).start()
+    alice = h.Client(launcher.address, token="alice-token")
+    bob = h.Client(launcher.address, token="bob-token")
+
+    def succeeded(client, name):
+        job = h.wait_for(client, client.submit(h.spec(name, steps=2)).id, (job_pb2.SUCCEEDED,))
+        for step in (1, 2):
+            (Path(job.run_dir) / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+        return job
+
+    def starting_from(client, reference):
+        spec = h.spec("next", steps=2)
+        spec.trainer.checkpoint.path = reference
+        return client.submit(spec)
+
+    try:
+        old = succeeded(alice, "base")
+        new = succeeded(alice, "base")
+        bobs = succeeded(bob, "base")
+        job = starting_from(alice, "run:base")
+        newest = f"{new.run_dir}/checkpoints/step_00000002"
+        assert (
+            job.spec.trainer.checkpoint.path == newest != f"{old.run_dir}/checkpoints/step_00000002"
+        )
+        (resolved,) = job.resolved
+        assert (resolved.field, resolved.reference, resolved.job_id, resolved.path) == (
+            "checkpoint.path", "run:base", new.id, newest,
+        )  # fmt: skip
+        assert alice.get(job.id).resolved[0].job_id == new.id  # stored with the job
+        assert starting_from(bob, "run:base").resolved[0].job_id == bobs.id
+        with pytest.raises(grpc.RpcError) as err:
+            starting_from(bob, "run:next")  # alice's only, and not finished
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert err.value.details().startswith(
+            "spec.trainer.checkpoint.path: run:next: no successful run named 'next'"
+        )
+    finally:
+        alice.close()
+        bob.close()
+        launcher.stop()

@@ -107,6 +107,8 @@ def _run(client: Client, spec, args, embedded: bool) -> int:
     job = client.submit(spec)
     kind = enum_name(spec, "kind").lower()
     print(f"submitted {job.id} ({spec.name}, {kind}); run dir {job.run_dir}")
+    for r in job.resolved:  # `run:NAME` paths, resolved by the launcher (protos/run_refs.py)
+        print(f"  trainer.{r.field}: {r.reference} -> {r.path} (job {r.job_id})")
     if args.detach:
         print(f"follow it with: kitchen --launcher {args.launcher} watch {job.id}")
         return 0

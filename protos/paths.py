@@ -10,6 +10,8 @@
   `//trainer:precook` and `//trainer:train` share one cache by default; a launcher's job of a
   team gets `<state dir>/precook/<team>`.
 - `run_dir_for(state, name)`: `<state dir>/runs/<name>` (`runs_dir(state)`: `<state dir>/runs`).
+- `checkpoint_dirs(run_dir)`: a run's complete checkpoints, `<run_dir>/checkpoints/step_NNNNNNNN`,
+  oldest first (a save writes `.tmp-*` and renames it: a `step_` directory is whole).
 - `PATH_FIELDS`: the TrainerConfig fields that hold paths; `absolute_paths(cfg)` resolves them
   where the user is (submit, or the trainer run by hand), because a trainer runs elsewhere.
 """
@@ -37,6 +39,9 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
 # (section, repeated message field, path field in each item): every mixture source's input.
 REPEATED_PATH_FIELDS: tuple[tuple[str, str, str], ...] = (("data", "sources", "input"),)
 STATE_DIR_ENV = "KITCHEN_STATE_DIR"
+RUN_REF_PREFIX = "run:"  # a path field naming a run by its name: protos/run_refs.py
+CHECKPOINTS_DIR = "checkpoints"  # in a run directory
+CHECKPOINT_PREFIX = "step_"  # step_00000050: the checkpoint of step 50
 
 
 def user_path(path: str) -> str:
@@ -75,6 +80,17 @@ def run_dir_for(state: str, name: str) -> str:
     return os.path.join(runs_dir(state), name)
 
 
+def checkpoint_dirs(run_dir: str) -> list[str]:
+    """The complete checkpoints of the run in `run_dir`, oldest first (see the docstring)."""
+    root = os.path.join(run_dir, CHECKPOINTS_DIR)
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    names = sorted(n for n in names if n.startswith(CHECKPOINT_PREFIX))
+    return [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
+
+
 def path_fields(trainer_cfg) -> Iterator[tuple[str, Any, str]]:
     """(dotted name, message, field) of every path of a kitchen.v1.TrainerConfig: PATH_FIELDS
     and the path field of each item of REPEATED_PATH_FIELDS (`data.sources[1].input`)."""
@@ -86,6 +102,9 @@ def path_fields(trainer_cfg) -> Iterator[tuple[str, Any, str]]:
 
 
 def absolute_paths(trainer_cfg) -> None:
-    """Make the path fields of `trainer_cfg` (a kitchen.v1.TrainerConfig) absolute, in place."""
+    """Make the path fields of `trainer_cfg` (a kitchen.v1.TrainerConfig) absolute, in place.
+    A run reference (`run:NAME`, protos/run_refs.py) is left for its resolver."""
     for _, message, field in path_fields(trainer_cfg):
-        setattr(message, field, user_path(getattr(message, field)))
+        value = getattr(message, field)
+        if not value.startswith(RUN_REF_PREFIX):
+            setattr(message, field, user_path(value))

@@ -33,12 +33,13 @@ from google.protobuf import json_format
 
 from protos import trainer_config_pb2
 from protos.files import FileDigest, fsync_dir, json_bytes, sha256_file, write_bytes
+from protos.paths import CHECKPOINT_PREFIX
 from trainer import distributed
 
 if TYPE_CHECKING:
     from trainer.parallel.mesh import Mesh
 
-PREFIX = "step_"
+PREFIX = CHECKPOINT_PREFIX
 FILES = ("model.pt", "train.pt")
 DCP_DIR = "dcp"  # a model-parallel run's shards: <rank files> and .metadata
 

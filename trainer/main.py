@@ -23,7 +23,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from protos import attempt_pb2, job_pb2, paths
+from protos import attempt_pb2, job_pb2, paths, run_refs
 from protos.config_yaml import ConfigError, load_job_spec
 from protos.exit_codes import ExitCode
 from protos.precook_steps import PrecookStep
@@ -39,6 +39,13 @@ def attempt_from_config(config: str, run_dir: str = "") -> attempt_pb2.Attempt:
         raise BadInput(str(e)) from e
     paths.absolute_paths(spec.trainer)
     state = paths.state_dir()
+    try:  # `run:NAME` paths: among the run directories of this state dir (protos/run_refs.py)
+        resolved = run_refs.resolve(spec.trainer, run_refs.runs_on_disk(state))
+    except ConfigError as e:
+        raise BadInput(f"{config}: {e}") from e
+    if os.environ.get("RANK", "0") == "0":
+        for r in resolved:
+            print(r.describe(), flush=True)
     run_dir = paths.user_path(run_dir) or paths.run_dir_for(state, spec.name or "job")
     cache_dir = paths.precook_cache_dir(spec.trainer.data, state)
     return attempt_pb2.Attempt(spec=spec, run_dir=run_dir, cache_dir=cache_dir)
