@@ -9,6 +9,7 @@ import os
 import shutil
 import sys
 
+from launcher.executors import image
 from protos import launcher_pb2
 from protos.config_yaml import ConfigError
 from protos.paths import state_dir, user_path
@@ -85,6 +86,8 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
         pool.nodes = pool.nodes or 1
         pool.kubernetes.kubeconfig = user_path(pool.kubernetes.kubeconfig)
         pool.executor = pool.executor or launcher_pb2.LOCAL
+        if pool.executor == launcher_pb2.KUBERNETES and pool.kubernetes.image:
+            image.check(pool.kubernetes.image, pulled=True, field=f"pools[{i}].kubernetes.image")
     out.default_pool = out.default_pool or out.pools[0].name
     if out.default_pool not in names:
         raise ConfigError("default_pool", f"no pool named {out.default_pool!r}")

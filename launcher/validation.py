@@ -61,9 +61,12 @@ def validate(
                 f"({quota.max_nodes or 'any'} nodes / {quota.max_gpus or 'any'} GPUs): "
                 "it could never run",
             )
-    if pool.executor == launcher_pb2.KUBERNETES and not (spec.image or pool.kubernetes.image):
-        raise ConfigError("image", f"pool {pool.name} runs containers: the job needs an image")
-    if spec.image and pool.executor in (launcher_pb2.LOCAL, launcher_pb2.SLURM):
+    if pool.executor == launcher_pb2.KUBERNETES:
+        if not (spec.image or pool.kubernetes.image):
+            raise ConfigError("image", f"pool {pool.name} runs containers: the job needs an image")
+        if spec.image:  # the pool's own image is checked when the launcher starts (settings.py)
+            image.check(spec.image, pulled=True)
+    elif spec.image:
         image.check(spec.image)
         if nodes > 1:
             raise ConfigError(

@@ -1,4 +1,5 @@
-"""Jobs that name an image: local and Slurm pools run the trainer inside it (run_image.py).
+"""Jobs that name an image: local and Slurm pools run the trainer inside it (run_image.py);
+Kubernetes pools hand it to the cluster, which pulls it (`check(..., pulled=True)`).
 
 `JobSpec.image` is either an OCI image layout directory on the launcher's machine, as an
 absolute path (e.g. `/work/main/.bazel/bin/images/trainer.oci`), or a registry reference
@@ -19,18 +20,28 @@ from protos.config_yaml import ConfigError
 DIGEST_REF = re.compile(r"^[^@\s]+@sha256:[0-9a-f]{64}$")
 
 
-def check(image: str):
-    """Raises a ConfigError naming `image` unless it is a layout dir or a digest reference."""
+def check(image: str, pulled: bool = False, field: str = "image"):
+    """Raises a ConfigError naming `field` unless `image` is a digest reference or, where the
+    launcher's machine runs it (`pulled` False: local and Slurm pools), a layout dir. A
+    Kubernetes pool pulls from a registry: only a digest, never a tag such as `:latest`."""
+    if pulled:
+        if DIGEST_REF.match(image):
+            return
+        raise ConfigError(
+            field,
+            f"{image}: a Kubernetes pool pulls images from a registry: pin it by digest "
+            "(HOST/NAME@sha256:<64 hex>), so every attempt runs the same bytes",
+        )
     if image.startswith("/"):
         if not os.path.isfile(os.path.join(image, "index.json")):
-            raise ConfigError("image", f"{image}: not an OCI image layout (no index.json)")
+            raise ConfigError(field, f"{image}: not an OCI image layout (no index.json)")
         return
     if DIGEST_REF.match(image):
         return
     if image.startswith(".") or os.path.isdir(image):
-        raise ConfigError("image", f"{image}: give an image layout as an absolute path")
+        raise ConfigError(field, f"{image}: give an image layout as an absolute path")
     raise ConfigError(
-        "image", f"{image}: a registry image must be pinned by digest (NAME@sha256:<64 hex>)"
+        field, f"{image}: a registry image must be pinned by digest (NAME@sha256:<64 hex>)"
     )
 
 

@@ -117,6 +117,34 @@ def test_an_image_job_runs_on_one_node(tmp_path):
     assert refused.value.field == "image" and "2 asked" in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    "image", ["registry.local/kitchen/trainer:latest", "/work/main/.bazel/bin/images/trainer.oci"]
+)
+def test_a_kubernetes_pool_takes_only_a_digest(tmp_path, image):
+    """A cluster pulls the image: a tag could name other bytes on the next attempt, and a layout
+    directory on the launcher's machine is nothing to it. The pool's own image obeys the same
+    rule when the launcher starts."""
+    cfg = settings.resolve(harness.config(tmp_path))
+    k8s = cfg.pools.add(name="k8s", executor=launcher_pb2.KUBERNETES, nodes=2)
+    k8s.kubernetes.image = f"registry.local/kitchen/trainer@{DIGEST}"
+    spec = harness.spec("pulled")
+    spec.resources.pool = "k8s"
+    assert validation.validate(spec, cfg, lambda _: None) == "k8s"  # the pool's pinned image
+    spec.image = f"registry.local/kitchen/trainer@{DIGEST}"
+    assert validation.validate(spec, cfg, lambda _: None) == "k8s"
+    spec.image = image
+    with pytest.raises(ConfigError) as refused:
+        validation.validate(spec, cfg, lambda _: None)
+    assert refused.value.field == "image" and "pin it by digest" in str(refused.value)
+
+    bad = harness.config(tmp_path)
+    pool = bad.pools.add(name="k8s", executor=launcher_pb2.KUBERNETES)
+    pool.kubernetes.image = "registry.local/kitchen/trainer:latest"
+    with pytest.raises(ConfigError) as refused:
+        settings.resolve(bad)
+    assert refused.value.field.endswith("].kubernetes.image")
+
+
 def _slurm_script(tmp_path, gpus: int = 0, processes: int = 1) -> tuple[str, Any, Any]:
     tmp_path.mkdir(exist_ok=True)
     ca = tmp_path / "ca.pem"
