@@ -52,6 +52,22 @@ def chat_file(path, n=200) -> Path:
     return Path(path)
 
 
+def sft_job(cache_dir, chat: Path, pretrained: Path, *, steps=8) -> dict:
+    """tiny_job's SFT on `chat` (chat_file) from checkpoint `pretrained` of a tiny_job
+    pretraining run, with that run's tokenizer (the only dataset in `cache_dir`)."""
+    (dataset,) = (Path(cache_dir) / "datasets").iterdir()
+    job = tiny_job(cache_dir, kind="SFT", steps=steps)
+    job["trainer"]["checkpoint"] = {"path": str(pretrained)}  # saved at the end only
+    job["trainer"]["data"].update(
+        input=str(chat),
+        format="jsonl_chat",
+        tokenizer="bpe_file",
+        tokenizer_path=str(dataset / "tokenizer.json"),
+        eval_fraction=0.05,
+    )
+    return job
+
+
 def write_job(path, job: dict) -> Path:
     path = Path(path)
     path.write_text(yaml.safe_dump(job))

@@ -22,6 +22,7 @@ import torch
 from trainer.testing import (
     chat_file,
     final_weights,
+    sft_job,
     subprocess_env,
     tiny_job,
     torchrun,
@@ -49,16 +50,8 @@ def base(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("base")
     cache = root / "cache"
     run(write_job(root / "pre.yaml", tiny_job(cache, steps=8)), root / "pre")
-    dataset = next((cache / "datasets").iterdir())
-    sft = tiny_job(cache, kind="SFT", steps=8)
-    sft["trainer"]["data"].update(
-        input=str(chat_file(root / "chat.jsonl")),
-        format="jsonl_chat",
-        tokenizer="bpe_file",
-        tokenizer_path=str(dataset / "tokenizer.json"),
-        eval_fraction=0.05,
-    )
-    sft["trainer"]["checkpoint"] = {"path": str(root / "pre/checkpoints/step_00000008")}
+    chat = chat_file(root / "chat.jsonl")
+    sft = sft_job(cache, chat, root / "pre/checkpoints/step_00000008", steps=8)
     run(write_job(root / "sft.yaml", sft), root / "sft")
     with open(root / "prefs.jsonl", "w") as f:
         for i in range(60):

@@ -15,7 +15,14 @@ import torch
 from protos.exit_codes import ExitCode
 from trainer import main
 from trainer.rl import preferences
-from trainer.testing import chat_file, start_trainer, tiny_job, wait_for_step, write_job
+from trainer.testing import (
+    chat_file,
+    sft_job,
+    start_trainer,
+    tiny_job,
+    wait_for_step,
+    write_job,
+)
 
 torch.set_num_threads(1)
 
@@ -27,16 +34,8 @@ def sft(tmp_path_factory):
     cache = tmp / "cache"
     pretrain = write_job(tmp / "pretrain.yaml", tiny_job(cache, steps=30))
     assert main.main(["--config", str(pretrain), "--run-dir", str(tmp / "pre")]) == 0
-    (dataset,) = (cache / "datasets").iterdir()
-    spec = tiny_job(cache, kind="SFT", steps=40)
-    spec["trainer"]["data"].update(
-        input=str(chat_file(tmp / "chat.jsonl")),
-        format="jsonl_chat",
-        tokenizer="bpe_file",
-        tokenizer_path=str(dataset / "tokenizer.json"),
-        eval_fraction=0.05,
-    )
-    spec["trainer"]["checkpoint"] = {"path": str(tmp / "pre/checkpoints/step_00000030")}
+    chat = chat_file(tmp / "chat.jsonl")
+    spec = sft_job(cache, chat, tmp / "pre/checkpoints/step_00000030", steps=40)
     assert (
         main.main(
             ["--config", str(write_job(tmp / "sft.yaml", spec)), "--run-dir", str(tmp / "sft")]
