@@ -22,6 +22,7 @@ from protos.validation import resolve_trainer
 from trainer.bench.machine import machine
 from trainer.health.replay import ReplayChecker
 from trainer.health.sdc import state_checksums
+from trainer.lm_loss import summed_loss
 from trainer.model import Transformer, attention_layout, select_ops
 
 SIZES = {"guide (dim 64, 2 layers)": (64, 2), "tiny.yaml (256, 4)": (256, 4), "(512, 8)": (512, 8)}
@@ -40,7 +41,7 @@ def row(name: str, dim: int, layers: int, device: torch.device) -> str:
     layout = attention_layout(torch.zeros(BATCH, SEQ, dtype=torch.int32), device, torch.float32)
 
     def step() -> None:
-        model(ids, positions, layout, ids).backward()
+        summed_loss(model, ids, positions, layout, ids).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
