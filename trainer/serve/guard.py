@@ -72,6 +72,7 @@ class Guard:
         await self.app(scope, _replay(bytes(body), receive), send)
 
     def _refuse_key(self, authorization: bytes) -> ApiError | None:
+        assert self._key is not None
         scheme, _, key = authorization.partition(b" ")
         if scheme.lower() == b"bearer" and hmac.compare_digest(_digest(key.strip()), self._key):
             return None
@@ -109,7 +110,7 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 
 async def _answer(send: Send, error: ApiError) -> None:
     """The error, and the connection closed after it: the rest of a refused body is not read."""
-    content = json.dumps(error.body()).encode()
+    content = json.dumps(error.body(), separators=(",", ":")).encode()  # as JSONResponse writes
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(content)).encode()),
@@ -128,7 +129,7 @@ def timed_protocol(request_timeout: float) -> type[H11Protocol]:
     class TimedH11Protocol(H11Protocol):
         _request_timer = None
 
-        def connection_made(self, transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._arm()  # nothing sent yet is a request not in yet
 
