@@ -122,6 +122,25 @@ def test_unimplemented_fields_that_ask_for_nothing_are_accepted(client):
     assert got.choices[0].finish_reason in ("stop", "length")
 
 
+def test_an_answer_passed_back_as_it_came_is_a_message(client):
+    """A chat's earlier answer, passed back whole (`choices[0].message`), has empty tool and
+    refusal fields: accepted. A tool call in it is not."""
+    first = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "a"}], max_tokens=2
+    )
+    answer = first.choices[0].message.model_dump()
+    assert "tool_calls" in answer and "refusal" in answer
+    messages = [{"role": "user", "content": "a"}, answer, {"role": "user", "content": "b"}]
+    got = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    assert got.choices[0].finish_reason in ("stop", "length")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages[1] = {**answer, "tool_calls": [call]}
+    error = refusal(
+        lambda: client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    )
+    assert error["param"] == "messages.1.tool_calls" and "not supported" in error["message"]
+
+
 def test_nan_temperature_is_refused_as_not_finite(server):
     # JSON has no NaN, but Python's json reads it (and the openai client cannot send it)
     body = b'{"model": "tiny", "prompt": "a", "temperature": NaN}'

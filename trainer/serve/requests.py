@@ -7,7 +7,7 @@ value that asks for nothing (clients that send every field send those). Numbers 
 JSON's NaN is a number to Python, and NaN compares false with every bound.
 """
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,6 +39,16 @@ NOT_SUPPORTED: dict[str, tuple[Any, ...]] = {
     "store": (False,),
     "metadata": ({},),
 }
+# The same for a chat message's fields: an answer passed back as it came
+# (`choices[0].message`) carries them empty.
+MESSAGE_NOT_SUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tool_calls": ([],),
+    "tool_call_id": (),
+    "function_call": (),
+    "refusal": (),
+    "audio": (),
+    "annotations": ([],),
+}
 
 
 class ApiError(Exception):
@@ -58,6 +68,19 @@ class ApiError(Exception):
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    not_supported: ClassVar[dict[str, tuple[Any, ...]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_what_asks_for_nothing(cls, data: Any) -> Any:
+        """A field of `not_supported` set to nothing is dropped; set to more, it stays, and
+        extra="forbid" refuses it (`validation_refusal` says it is not supported)."""
+        if not isinstance(data, dict):
+            return data
+        table = cls.not_supported
+        return {
+            k: v for k, v in data.items() if k not in table or (v is not None and v not in table[k])
+        }
 
 
 class StreamOptions(_Strict):
@@ -76,19 +99,7 @@ class Sampling(_Strict):
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
     user: str | None = None  # the caller's end user, for their own records: accepted, unused
-
-    @model_validator(mode="before")
-    @classmethod
-    def _drop_what_asks_for_nothing(cls, data: Any) -> Any:
-        """A NOT_SUPPORTED field set to nothing is dropped; set to more, it stays, and
-        extra="forbid" refuses it (`problem` names it as not supported)."""
-        if not isinstance(data, dict):
-            return data
-        return {
-            k: v
-            for k, v in data.items()
-            if k not in NOT_SUPPORTED or not (v is None or v in NOT_SUPPORTED[k])
-        }
+    not_supported = NOT_SUPPORTED
 
 
 class CompletionRequest(Sampling):
@@ -99,6 +110,7 @@ class Message(_Strict):
     role: Literal["system", "user", "assistant"]
     content: str | list[dict[str, Any]]  # a string, or OpenAI's content parts (text, image_url)
     name: str | None = None  # a participant's name: accepted, not part of the prompt format
+    not_supported = MESSAGE_NOT_SUPPORTED
 
 
 class ChatRequest(Sampling):
@@ -114,7 +126,10 @@ def validation_refusal(errors: list[dict]) -> ApiError:
     if kind == "json_invalid":
         return ApiError(400, f"the body is not valid JSON: {first.get('msg')}", None)
     param = ".".join(loc) or None
-    if kind == "extra_forbidden" and len(loc) == 1 and loc[0] in NOT_SUPPORTED:
+    unsupported = (len(loc) == 1 and loc[0] in NOT_SUPPORTED) or (
+        len(loc) == 3 and loc[0] == "messages" and loc[2] in MESSAGE_NOT_SUPPORTED
+    )
+    if kind == "extra_forbidden" and unsupported:
         return ApiError(400, f"{param}: not supported by this server", param)
     if kind == "extra_forbidden":
         return ApiError(400, f"{param}: unrecognized request argument", param)
