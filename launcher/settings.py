@@ -4,7 +4,6 @@ Defaults live here and nowhere else: `resolve(cfg)` returns a copy where every u
 has its value, so the rest of the launcher reads fields without guessing.
 """
 
-import ipaddress
 import os
 import shutil
 import sys
@@ -12,6 +11,7 @@ import sys
 from launcher.executors import image
 from protos import launcher_pb2
 from protos.config_yaml import ConfigError
+from protos.exposure import Gap, exposure_gaps, is_loopback, read_secret_file
 from protos.paths import state_dir, user_path
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
@@ -168,47 +168,33 @@ def _resolve_sandbox(cfg: launcher_pb2.LauncherConfig) -> None:
 def metrics_token(cfg: launcher_pb2.LauncherConfig) -> str:
     """The bearer token /metrics asks for ("": open), from exposure.metrics_token_file."""
     path = cfg.exposure.metrics_token_file
-    if not path:
-        return ""
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except OSError as err:
-        raise ConfigError("exposure.metrics_token_file", f"cannot read: {err.strerror}") from None
-    if len(token) < 16:
-        raise ConfigError("exposure.metrics_token_file", "holds fewer than 16 characters")
-    return token
-
-
-def is_loopback(address: str) -> bool:
-    """Whether HOST:PORT listens on this machine only (127.0.0.0/8, ::1, localhost)."""
-    host = address.rpartition(":")[0].strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name or "" (every interface)
-        return False
+    return read_secret_file(path, "exposure.metrics_token_file") if path else ""
 
 
 def _check_exposure(cfg: launcher_pb2.LauncherConfig) -> None:
     """The rules of kitchen.v1.Exposure: refuse what would leak, fill the names default."""
     e = cfg.exposure
-    if not is_loopback(cfg.listen):
-        if not cfg.tls_cert and not e.allow_plaintext:
-            raise ConfigError(
-                "listen",
-                f"{cfg.listen} is reachable from other machines, and without TLS bearer tokens "
-                "and job specs travel in clear: set tls_cert and tls_key, or "
-                "exposure.allow_plaintext: true on a trusted network",
-            )
-        if not cfg.tokens_file and not e.allow_unauthenticated:
-            raise ConfigError(
-                "listen",
-                f"{cfg.listen} is reachable from other machines, and without tokens_file anyone "
-                "there can submit and cancel jobs: set tokens_file, or "
-                "exposure.allow_unauthenticated: true on a trusted network",
-            )
+    gaps = exposure_gaps(
+        cfg.listen.rpartition(":")[0],
+        tls=bool(cfg.tls_cert),
+        auth=bool(cfg.tokens_file),
+        allow_plaintext=e.allow_plaintext,
+        allow_unauthenticated=e.allow_unauthenticated,
+    )
+    if Gap.PLAINTEXT in gaps:
+        raise ConfigError(
+            "listen",
+            f"{cfg.listen} is reachable from other machines, and without TLS bearer tokens "
+            "and job specs travel in clear: set tls_cert and tls_key, or "
+            "exposure.allow_plaintext: true on a trusted network",
+        )
+    if Gap.UNAUTHENTICATED in gaps:
+        raise ConfigError(
+            "listen",
+            f"{cfg.listen} is reachable from other machines, and without tokens_file anyone "
+            "there can submit and cancel jobs: set tokens_file, or "
+            "exposure.allow_unauthenticated: true on a trusted network",
+        )
     metrics_open = cfg.metrics_listen != "none" and not is_loopback(cfg.metrics_listen)
     if metrics_open and cfg.tokens_file and not e.metrics_token_file:
         raise ConfigError(

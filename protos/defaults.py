@@ -190,6 +190,12 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "max_running": Field(64, 1, 1 << 16),
         "max_waiting": Field(256, 0, 1 << 20),
         "heartbeat_seconds": Field(5.0, 0, 3600, low_open=True),
+        "max_body_bytes": Field(2 << 20, 1024, 1 << 30),
+        "max_prompt_chars": Field(65536, 1, 1 << 28),
+        "max_stop": Field(4, 0, 1024),
+        "max_stop_chars": Field(256, 1, 1 << 16),
+        "request_timeout_seconds": Field(30.0, 0, 3600, low_open=True),
+        "idle_timeout_seconds": Field(5.0, 0, 3600, low_open=True),
     },
 }
 

@@ -35,6 +35,9 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
     ("eval", "sweep"),
     ("generate", "image"),  # #16 VLM
     ("distill", "teacher_path"),  # #30
+    ("serve", "api_key_file"),  # #31
+    ("serve", "tls_cert"),
+    ("serve", "tls_key"),
 )
 # (section, repeated message field, path field in each item): every mixture source's input.
 REPEATED_PATH_FIELDS: tuple[tuple[str, str, str], ...] = (("data", "sources", "input"),)

@@ -3,6 +3,7 @@ post-training kinds (REWARD, DPO, PPO: `validate_rl`; DISTILL: `validate_distill
 that read images (VLM: `validate_vision`) and the serve job (`validate_serve`)."""
 
 from protos import enums, job_pb2, trainer_config_pb2
+from protos.exposure import Gap, exposure_gaps
 from protos.rules import check, check_ranges
 
 # #14: the post-training kinds (trainer/rl/, docs/rlhf.md).
@@ -87,11 +88,46 @@ def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind
 
 
 def validate_serve(cfg: trainer_config_pb2.TrainerConfig) -> None:
-    """#15: the KV-cache pool can hold one request of the model's full length."""
+    """#15: the KV-cache pool can hold one request of the model's full length. #31: the
+    endpoint's exposure follows the launcher's rule (protos/exposure.py), its API key comes from
+    one place, and TLS has both halves."""
     s, m = cfg.serve, cfg.model
+    check_ranges(s, "serve", "trainer.serve")
     check(
         s.num_blocks * s.block_size >= m.max_seq_len,
         "trainer.serve.num_blocks",
         f"{s.num_blocks} blocks of {s.block_size} tokens cannot hold one request of "
         f"model.max_seq_len {m.max_seq_len} tokens: a request could never finish",
+    )
+    check(
+        not (s.api_key_file and s.api_key_env),
+        "trainer.serve.api_key_env",
+        "set api_key_file or api_key_env, not both",
+    )
+    check(
+        bool(s.tls_cert) == bool(s.tls_key),
+        "trainer.serve.tls_key" if s.tls_cert else "trainer.serve.tls_cert",
+        "tls_cert and tls_key go together",
+    )
+    host = s.host or "127.0.0.1"
+    gaps = exposure_gaps(
+        host,
+        tls=bool(s.tls_cert),
+        auth=bool(s.api_key_file or s.api_key_env),
+        allow_plaintext=s.allow_plaintext,
+        allow_unauthenticated=s.allow_unauthenticated,
+    )
+    check(
+        Gap.PLAINTEXT not in gaps,
+        "trainer.serve.host",
+        f"{host} is reachable from other machines, and without TLS the API key and every "
+        "prompt travel in clear: set serve.tls_cert and serve.tls_key, or "
+        "serve.allow_plaintext: true on a trusted network",
+    )
+    check(
+        Gap.UNAUTHENTICATED not in gaps,
+        "trainer.serve.host",
+        f"{host} is reachable from other machines, and without an API key anyone there can "
+        "use the model: set serve.api_key_file (or serve.api_key_env), or "
+        "serve.allow_unauthenticated: true on a trusted network",
     )

@@ -429,3 +429,44 @@ def test_fsdp_composes_with_tensor_pipeline_and_context_parallel():
     )
     lay = layout.from_train(cfg.train, 16)
     assert lay.describe() == "pp2(ONE_F_ONE_Bx1) x fsdp2 x cp2 x tp2"
+
+
+def serve_spec(**serve) -> job_pb2.JobSpec:
+    spec = spec_with(kind=job_pb2.SERVE, trainer__checkpoint__path="/ckpt")
+    for name, value in serve.items():
+        setattr(spec.trainer.serve, name, value)
+    return spec
+
+
+@pytest.mark.parametrize(
+    "serve, message",
+    [
+        # #31: the launcher's exposure rule (protos/exposure.py): off-loopback needs TLS...
+        ({"host": "0.0.0.0", "api_key_file": "/k"}, "trainer.serve.host: 0.0.0.0 is reachable"),
+        ({"host": "10.1.2.3", "api_key_env": "K"}, "serve.tls_cert and serve.tls_key"),
+        # ...and an API key, each unless explicitly allowed
+        ({"host": "0.0.0.0", "allow_plaintext": True}, "serve.api_key_file"),
+        ({"host": "", "port": 1, "tls_cert": "/c"}, "trainer.serve.tls_key: tls_cert and"),
+        ({"api_key_file": "/k", "api_key_env": "K"}, "trainer.serve.api_key_env: set api_key"),
+        ({"max_stop": -1}, "trainer.serve.max_stop: -1 is not in [0, 1,024]"),
+        ({"max_body_bytes": 10}, "trainer.serve.max_body_bytes: 10 is not in"),
+        ({"request_timeout_seconds": math.nan}, "request_timeout_seconds: nan is not a finite"),
+    ],
+)
+def test_serve_exposure_and_limits_are_checked(serve, message):
+    assert message in error(serve_spec(**serve))
+
+
+@pytest.mark.parametrize(
+    "serve",
+    [
+        {},  # 127.0.0.1
+        {"host": "::1"},
+        {"host": "localhost"},
+        {"host": "0.0.0.0", "allow_plaintext": True, "allow_unauthenticated": True},
+        {"host": "0.0.0.0", "tls_cert": "/c", "tls_key": "/k", "api_key_file": "/key"},
+        {"host": "0.0.0.0", "allow_plaintext": True, "api_key_env": "KITCHEN_SERVE_KEY"},
+    ],
+)
+def test_serve_exposure_that_is_allowed(serve):
+    validate_job_spec(serve_spec(**serve))

@@ -3,8 +3,9 @@
 
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with `param`
 naming the field: 400 for bad input (malformed JSON included: FastAPI's 422 is turned into
-400; an image the model cannot take: trainer/serve/images.py), 404 for an unknown model, 429
-when the queue is full, 503 while draining.
+400; unknown and unimplemented fields: requests.py; a request over ServeConfig's limits; an
+image the model cannot take: trainer/serve/images.py), 401 without the API key (guard.py), 404
+for an unknown model or route, 429 when the queue is full, 503 while draining.
 """
 
 import asyncio
@@ -16,17 +17,19 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException
 
-from trainer.inference.engine import IMAGE_PLACEHOLDER, Output, SamplingParams
+from protos import trainer_config_pb2
+from trainer.inference.engine import IMAGE_PLACEHOLDER, FinishReason, Output, SamplingParams
 from trainer.inference.engine import Request as EngineRequest
+from trainer.serve.guard import Guard
 from trainer.serve.images import (
     ImageInputError,
     ImagePart,
@@ -34,45 +37,20 @@ from trainer.serve.images import (
     content_parts,
     request_image,
 )
+from trainer.serve.requests import (
+    ApiError,
+    ChatRequest,
+    CompletionRequest,
+    Message,
+    Sampling,
+    validation_refusal,
+)
 from trainer.serve.runner import Draining, EngineRunner, Overloaded
 
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None, kind: str = ""):
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-        self.kind = kind or "invalid_request_error"
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False  # a last chunk with token counts and no choices
-
-
-class _Sampling(BaseModel):
-    model: str
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=0)
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    n: Literal[1] = 1  # one choice per request
-
-
-class CompletionRequest(_Sampling):
-    prompt: str
-
-
-class Message(BaseModel):
-    role: Literal["system", "user", "assistant"]
-    content: str | list[dict[str, Any]]  # a string, or OpenAI's content parts (text, image_url)
-
-
-class ChatRequest(_Sampling):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+# A prompt longer than this is tokenized on a worker thread: a long one would hold the event
+# loop (every client's stream) for as long as it takes; a short one takes microseconds, less
+# than the hop to a thread and back.
+INLINE_TOKENIZE_CHARS = 4096
 
 
 def chat_prompt(messages: list[Message]) -> tuple[str, list[ImagePart]]:
@@ -106,17 +84,7 @@ class ServedModel:
 
 
 def _error(e: ApiError) -> JSONResponse:
-    body = {"error": {"message": e.message, "type": e.kind, "param": e.param, "code": None}}
-    return JSONResponse(body, status_code=e.status)
-
-
-def _validation_error(exc: RequestValidationError) -> ApiError:
-    first = exc.errors()[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    if first.get("type") == "json_invalid":
-        return ApiError(400, f"the body is not valid JSON: {first.get('msg')}", None)
-    param = ".".join(loc) or None
-    return ApiError(400, f"{param}: {first.get('msg')}", param)
+    return JSONResponse(e.body(), status_code=e.status)
 
 
 class _Outputs:
@@ -174,8 +142,12 @@ class _Mailbox:
             outputs.put(out)
 
 
-def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
+def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> FastAPI:
+    """The API of `model` on `runner`'s engine; `api_key` (""; none) is asked of /v1 routes.
+    Limits are runner.cfg's (ServeConfig, defaults applied)."""
     app = FastAPI(title="kitchen serve")
+    limits = runner.cfg
+    app.add_middleware(Guard, api_key=api_key, max_body_bytes=limits.max_body_bytes)
     registry = runner.metrics.registry
     mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
         weakref.WeakKeyDictionary()
@@ -183,7 +155,11 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return _error(_validation_error(exc))
+        return _error(validation_refusal(list(exc.errors())))
+
+    @app.exception_handler(HTTPException)  # an unknown route or method, a body FastAPI refused
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return _error(ApiError(exc.status_code, str(exc.detail), None))
 
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -220,7 +196,7 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
         return await _serve(body, text, "messages", request, chat=True, images=images)
 
     async def _serve(
-        body: _Sampling,
+        body: Sampling,
         text: str,
         field: str,
         request: Request,
@@ -230,6 +206,8 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
         if body.model != model.name:
             problem = f"model {body.model!r} does not exist: this server serves {model.name!r}"
             raise ApiError(404, problem, "model", "model_not_found")
+        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+        _check_limits(text, field, stop, limits)
         pixels = None
         if images:  # decoding is Pillow's work: off the event loop. Only with an image: the
             # hop to a worker thread and back cost every text request milliseconds under load
@@ -238,7 +216,11 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
             except ImageInputError as e:
                 raise ApiError(400, str(e), e.param) from None
         # Documents start with BOS; a VLM's image goes before it (its training rows' layout).
-        prompt = [model.bos_id, *model.encode(text)]
+        if len(text) > INLINE_TOKENIZE_CHARS:
+            tokens = await asyncio.to_thread(model.encode, text)
+        else:
+            tokens = model.encode(text)
+        prompt = [model.bos_id, *tokens]
         image = None
         if pixels is not None and model.images is not None:
             image = torch.from_numpy(pixels.copy())
@@ -255,7 +237,6 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
                 f"the model's context of {model.max_len}"
             )
             raise ApiError(400, problem, "max_tokens")
-        stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         params = SamplingParams(
             max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop
         )
@@ -282,6 +263,29 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
         return await _whole(reply, outputs, runner, request)
 
     return app
+
+
+def _check_limits(
+    text: str, field: str, stop: tuple[str, ...], limits: trainer_config_pb2.ServeConfig
+) -> None:
+    """What one request may ask beyond the schema (ServeConfig's limits), checked before the
+    prompt is tokenized: a 400 naming the field."""
+    if len(text) > limits.max_prompt_chars:
+        problem = (
+            f"{field}: {len(text):,} characters; this server takes at most "
+            f"{limits.max_prompt_chars:,} (serve.max_prompt_chars)"
+        )
+        raise ApiError(400, problem, field)
+    if len(stop) > limits.max_stop:
+        problem = f"stop: {len(stop):,} stop strings; at most {limits.max_stop} (serve.max_stop)"
+        raise ApiError(400, problem, "stop")
+    for i, s in enumerate(stop):
+        if len(s) > limits.max_stop_chars:
+            problem = (
+                f"stop[{i}]: {len(s):,} characters; at most {limits.max_stop_chars} "
+                "(serve.max_stop_chars)"
+            )
+            raise ApiError(400, problem, "stop")
 
 
 @dataclass
@@ -361,17 +365,26 @@ async def _stream(
 
 
 async def _whole(reply: _Reply, outputs: _Outputs, runner: EngineRunner, request: Request):
-    """The whole answer; a client that disconnects while waiting aborts its request."""
+    """The whole answer. A client that disconnects while it waits aborts its request at once
+    (its KV blocks are freed): the watcher waits on the connection itself, not on a pause in
+    the tokens."""
+    watcher = asyncio.create_task(_abort_when_gone(request, runner, reply.id))
     text, tokens = "", 0
-    while True:
-        try:
-            outs = await asyncio.wait_for(outputs.take(), timeout=1.0)
-        except TimeoutError:
-            if await request.is_disconnected():
-                runner.abort(reply.id)
-                return Response(status_code=499)
-            continue
-        for out in outs:
-            text, tokens = text + out.text, tokens + len(out.token_ids)
-            if out.finish is not None:
-                return reply.whole(text, out.finish.value, tokens)
+    try:
+        while True:
+            for out in await outputs.take():
+                text, tokens = text + out.text, tokens + len(out.token_ids)
+                if out.finish is FinishReason.ABORT and watcher.done():
+                    return Response(status_code=499)  # nobody reads it: the client is gone
+                if out.finish is not None:
+                    return reply.whole(text, out.finish.value, tokens)
+    finally:
+        watcher.cancel()
+
+
+async def _abort_when_gone(request: Request, runner: EngineRunner, request_id: str) -> None:
+    """Returns once the client has gone, after aborting its request. The body is read by now,
+    so the next message the server has for this request is its disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    runner.abort(request_id)

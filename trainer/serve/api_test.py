@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from trainer.generate import generate
+from trainer.inference.sampling import sample
 from trainer.inference.testing import BOS, EOS, VOCAB, decode, encode, tiny_model
 from trainer.serve.engine_process import dumps
 from trainer.serve.runner import Latency
@@ -149,6 +150,47 @@ def test_greedy_inside_a_full_batch_equals_generate(server, model):
     for i, p in enumerate(prompts):
         assert results[i] == greedy_text(model, p, 40)[: len(results[i])], p
         assert results[i] == greedy_text(model, p, 40), p
+
+
+@torch.no_grad()
+def sampled_full_forward(model, text: str, n: int, seed: int, temperature: float) -> str:
+    """Seeded sampling with no cache at all: the whole sequence through the model for each
+    token, drawn as the engine draws (sampling.sample with a generator seeded by the request's
+    seed): what a served request with that seed must say, whatever else is in its batch."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt = [BOS, *encode(text)]
+    ids = list(prompt)
+    for _ in range(n):
+        logits = model(torch.tensor([ids]), torch.arange(len(ids))[None])[0, -1:]
+        ids.append(sample(logits, [temperature], [0], [1.0], [generator])[0])
+        if ids[-1] == EOS:
+            break
+    return decode(ids[len(prompt) :])
+
+
+def test_seeded_sampling_inside_a_full_batch_equals_a_cache_free_forward(server, model):
+    """Sampling follows the whole distribution, so a KV cache that gathers a wrong block (or
+    another request's) changes the draws within a few tokens, where greedy text of a weak
+    model may survive it. Prompts cross block boundaries (16 tokens); each request has its
+    own seed, and none equals another's text by chance."""
+    prompts = {seed: "seeded" + "abcdefghij"[: seed % 10] * (seed % 4 + 1) for seed in range(10)}
+    results: dict[int, str] = {}
+
+    def ask(seed: int) -> None:
+        client = openai.OpenAI(base_url=server.endpoint + "/v1", api_key="-", max_retries=0)
+        got = client.completions.create(
+            model="tiny", prompt=prompts[seed], max_tokens=40, temperature=1.0, seed=seed
+        )
+        results[seed] = got.choices[0].text
+
+    threads = [threading.Thread(target=ask, args=(seed,)) for seed in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for seed, prompt in prompts.items():
+        assert results[seed] == sampled_full_forward(model, prompt, 40, seed, 1.0), prompt
+    assert len(set(results.values())) == len(prompts)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,8 @@
-"""`kind: serve` as a real trainer process on a checkpoint trained here: its greedy answer is
-the `generate` job's, SIGTERM lets an open request finish before the job exits 75, and a dead
-engine process makes the job exit 1 (the launcher's retry policy restarts it)."""
+"""`kind: serve` as a real trainer process on a checkpoint trained here: its seeded sampled
+answer is the `generate` job's (the draws follow the whole distribution: a barely trained
+model's greedy text hardly depends on its context, sampling does), SIGTERM lets an open request
+finish before the job exits 75, and a dead engine process makes the job exit 1 (the launcher's
+retry policy restarts it)."""
 
 import os
 import signal
@@ -22,7 +24,8 @@ def test_serve_job_answers_like_the_generate_job_and_drains_on_sigterm(tmp_path)
     trained = testing.run_trainer("--config", train, "--run-dir", tmp_path / "run", timeout=300)
     assert trained.returncode == 0, trained.stderr
     checkpoint = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))[-1]
-    sampling = {"prompt": PROMPT, "max_new_tokens": 30, "temperature": 0}
+    sampling = {"prompt": PROMPT, "max_new_tokens": 30, "temperature": 0.9, "top_k": 20}
+    sampling |= {"top_p": 0.9, "seed": 7}
     gen = testing.tiny_job(cache, kind="GENERATE", checkpoint={"path": str(checkpoint)})
     gen["trainer"]["generate"] = sampling
     done = testing.run_trainer(
@@ -40,7 +43,13 @@ def test_serve_job_answers_like_the_generate_job_and_drains_on_sigterm(tmp_path)
         endpoint = wait_for_endpoint(log, process, timeout=300)
         client = openai.OpenAI(base_url=endpoint + "/v1", api_key="-", max_retries=0)
         got = client.completions.create(
-            model="tiny-serve", prompt=PROMPT, max_tokens=30, temperature=0
+            model="tiny-serve",
+            prompt=PROMPT,
+            max_tokens=30,
+            temperature=0.9,
+            top_p=0.9,
+            seed=7,
+            extra_body={"top_k": 20},
         )
         assert PROMPT + got.choices[0].text in done.stdout  # the generate job printed it
         stream = client.completions.create(

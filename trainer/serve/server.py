@@ -22,11 +22,13 @@ import uvicorn
 
 from protos import attempt_pb2, progress_pb2, trainer_config_pb2
 from protos.exit_codes import ExitCode
+from protos.exposure import read_secret_env, read_secret_file
 from trainer.data.tokenizer import Tokenizer
 from trainer.jobs.context import install_sigterm_handler
 from trainer.model import Transformer
 from trainer.serve.api import ServedModel, create_app
 from trainer.serve.engine_process import EngineSpec
+from trainer.serve.guard import timed_protocol
 from trainer.serve.images import PromptImages
 from trainer.serve.metrics import ServeMetrics
 from trainer.serve.runner import EngineRunner
@@ -45,6 +47,7 @@ class Server:
         eos_id: int,
     ):
         """`cfg` has its defaults applied (protos.defaults.with_defaults)."""
+        key = api_key(cfg)  # first: a key that cannot be read stops the job before anything
         spec = EngineSpec(
             model,
             cfg,
@@ -62,10 +65,15 @@ class Server:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((cfg.host or "127.0.0.1", cfg.port))
+        self.tls = bool(cfg.tls_cert)
         config = uvicorn.Config(
-            create_app(served, self.runner),
+            create_app(served, self.runner, key),
             log_level="warning",
             timeout_graceful_shutdown=DRAIN_SECONDS,
+            http=timed_protocol(cfg.request_timeout_seconds),
+            timeout_keep_alive=cfg.idle_timeout_seconds,  # type: ignore[arg-type]  # a float works
+            ssl_certfile=cfg.tls_cert or None,
+            ssl_keyfile=cfg.tls_key or None,
         )
         self.http = uvicorn.Server(config)
         self.thread = threading.Thread(target=self._serve, name="serve-http", daemon=True)
@@ -73,7 +81,7 @@ class Server:
     @property
     def endpoint(self) -> str:
         host, port = self.sock.getsockname()
-        return f"http://{host}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{port}"
 
     def _serve(self) -> None:
         asyncio.run(self.http.serve(sockets=[self.sock]))
@@ -117,6 +125,15 @@ class Server:
             latency.itl_p99_seconds,
         )
         return beat
+
+
+def api_key(cfg: trainer_config_pb2.ServeConfig) -> str:
+    """The key clients must send ("": none), from serve.api_key_file or serve.api_key_env."""
+    if cfg.api_key_file:
+        return read_secret_file(cfg.api_key_file, "trainer.serve.api_key_file")
+    if cfg.api_key_env:
+        return read_secret_env(cfg.api_key_env, "trainer.serve.api_key_env")
+    return ""
 
 
 def serve(

@@ -8,9 +8,10 @@ from trainer.inference.testing import BOS, EOS, decode, encode, serve_config
 from trainer.model import Transformer
 
 
-def start_server(model: Transformer, name: str = "tiny", eos_id: int = EOS, **serve):
-    """A live Server of `model` on 127.0.0.1 (any free port) with the toy tokenizer; an
-    `eos_id` outside the vocabulary makes every request run to max_tokens."""
+def start_server(model: Transformer, name: str = "tiny", eos_id: int = EOS, encode=encode, **serve):
+    """A live Server of `model` on 127.0.0.1 (any free port) with the toy tokenizer (`encode`:
+    e.g. one that records its calls); an `eos_id` outside the vocabulary makes every request
+    run to max_tokens. `serve`: ServeConfig fields."""
     from trainer.serve.api import ServedModel
     from trainer.serve.server import Server
 

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
+from protos.exposure import read_secret_file
 from trainer.serve.endpoint import wait_healthy
 
 
@@ -39,21 +40,25 @@ class Result:
     itl_p99: float
 
 
-def run_clients(endpoint: str, body: dict, clients: int, each: int) -> tuple[float, list[Record]]:
+def run_clients(
+    endpoint: str, body: dict, clients: int, each: int, api_key: str = ""
+) -> tuple[float, list[Record]]:
     """`clients` connections at once, each sending `each` requests in turn: (wall seconds,
     records). A connection is kept alive from one request to the next, as the openai client's
     connection pool (httpx) and vLLM's benchmark (aiohttp) keep theirs: a connection per
     request would add a TCP accept and close to every request, paid by the server's HTTP
     process. All on one thread over epoll: the load generator shares the machine it measures,
     and a thread per client (each woken for every token) cost as much CPU as the server's HTTP
-    side; one thread reading whatever has arrived on every ready socket costs a fraction."""
+    side; one thread reading whatever has arrived on every ready socket costs a fraction.
+    `api_key`: sent as `Authorization: Bearer` (a server with serve.api_key_file)."""
     url = urlparse(endpoint)
     address = (url.hostname or "127.0.0.1", url.port or 80)
     payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
     request = (
         f"POST /v1/completions HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\n"
         "Content-Type: application/json\r\n"
-        f"Content-Length: {len(payload.encode())}\r\n\r\n{payload}"
+        + (f"Authorization: Bearer {api_key}\r\n" if api_key else "")
+        + f"Content-Length: {len(payload.encode())}\r\n\r\n{payload}"
     ).encode()
     selector = selectors.DefaultSelector()
     done: list[_Stream] = []  # parsed after the run: the parsing is not the server's time
@@ -205,14 +210,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--prompt", default="What does os.path.join() do?\n")
     p.add_argument("--wait", type=float, default=0, help="seconds to wait for /health first")
+    p.add_argument(
+        "--api-key-file", help="a file holding the server's API key (serve.api_key_file)"
+    )
     args = p.parse_args(argv)
+    key = read_secret_file(args.api_key_file, "--api-key-file") if args.api_key_file else ""
     endpoint = args.endpoint.rstrip("/")
     if args.wait:
         wait_healthy(endpoint, args.wait)
     body = {"model": args.model, "prompt": args.prompt, "max_tokens": args.max_tokens}
     body["temperature"] = 0.8
     each = max(1, args.requests // args.clients)
-    r = summarize(args.clients, *run_clients(endpoint, body, args.clients, each))
+    r = summarize(args.clients, *run_clients(endpoint, body, args.clients, each, key))
     print(
         f"{r.requests} requests from {r.clients} clients: {r.tokens_per_s:,.0f} generated "
         f"tokens/s; time to first token p50 {r.ttft_p50:.3f} s, p99 {r.ttft_p99:.3f} s; "

@@ -1,0 +1,136 @@
+"""What a request to the API may say: OpenAI's request bodies as pydantic models, and how a
+body the models refuse becomes OpenAI's error object naming the field.
+
+Every field of OpenAI's requests is either implemented here or refused by name: an unknown
+field is a 400 (as OpenAI answers), and so is a field in NOT_SUPPORTED set to anything but a
+value that asks for nothing (clients that send every field send those). Numbers must be finite:
+JSON's NaN is a number to Python, and NaN compares false with every bound.
+"""
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Fields of OpenAI's completion and chat requests this server does not implement, each with
+# the values that ask for nothing (null always does). To implement one, delete its row and give
+# the request models the field.
+NOT_SUPPORTED: dict[str, tuple[Any, ...]] = {
+    "echo": (False,),
+    "best_of": (1,),
+    "suffix": ("",),
+    "logprobs": (False,),  # completions: a count (0 is False); chat: a flag
+    "top_logprobs": (0,),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "logit_bias": ({},),
+    "response_format": ({"type": "text"},),
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "parallel_tool_calls": (),
+    "functions": ([],),
+    "function_call": ("none",),
+    "modalities": (["text"],),
+    "audio": (),
+    "prediction": (),
+    "reasoning_effort": (),
+    "verbosity": (),
+    "web_search_options": (),
+    "service_tier": ("auto", "default"),
+    "store": (False,),
+    "metadata": ({},),
+}
+# The same for a chat message's fields: an answer passed back as it came
+# (`choices[0].message`) carries them empty.
+MESSAGE_NOT_SUPPORTED: dict[str, tuple[Any, ...]] = {
+    "tool_calls": ([],),
+    "tool_call_id": (),
+    "function_call": (),
+    "refusal": (),
+    "audio": (),
+    "annotations": ([],),
+}
+
+
+class ApiError(Exception):
+    """An answer in OpenAI's error shape: `kind` is its `type`, `code` its `code`."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None, kind: str = "", code: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.kind = kind or "invalid_request_error"
+
+    def body(self) -> dict:
+        error = {"message": self.message, "type": self.kind, "param": self.param}
+        return {"error": {**error, "code": self.code}}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    not_supported: ClassVar[dict[str, tuple[Any, ...]]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_what_asks_for_nothing(cls, data: Any) -> Any:
+        """A field of `not_supported` set to nothing is dropped; set to more, it stays, and
+        extra="forbid" refuses it (`validation_refusal` says it is not supported)."""
+        if not isinstance(data, dict):
+            return data
+        table = cls.not_supported
+        return {
+            k: v for k, v in data.items() if k not in table or (v is not None and v not in table[k])
+        }
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False  # a last chunk with token counts and no choices
+
+
+class Sampling(_Strict):
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=0)
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None  # count and length: ServeConfig.max_stop, max_stop_chars
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Literal[1] = 1  # one choice per request
+    user: str | None = None  # the caller's end user, for their own records: accepted, unused
+    not_supported = NOT_SUPPORTED
+
+
+class CompletionRequest(Sampling):
+    prompt: str
+
+
+class Message(_Strict):
+    role: Literal["system", "user", "assistant"]
+    content: str | list[dict[str, Any]]  # a string, or OpenAI's content parts (text, image_url)
+    name: str | None = None  # a participant's name: accepted, not part of the prompt format
+    not_supported = MESSAGE_NOT_SUPPORTED
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+def validation_refusal(errors: list[dict]) -> ApiError:
+    """The 400 of a body the models refused (FastAPI's RequestValidationError.errors())."""
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    kind = first.get("type")
+    if kind == "json_invalid":
+        return ApiError(400, f"the body is not valid JSON: {first.get('msg')}", None)
+    param = ".".join(loc) or None
+    unsupported = (len(loc) == 1 and loc[0] in NOT_SUPPORTED) or (
+        len(loc) == 3 and loc[0] == "messages" and loc[2] in MESSAGE_NOT_SUPPORTED
+    )
+    if kind == "extra_forbidden" and unsupported:
+        return ApiError(400, f"{param}: not supported by this server", param)
+    if kind == "extra_forbidden":
+        return ApiError(400, f"{param}: unrecognized request argument", param)
+    return ApiError(400, f"{param}: {first.get('msg')}", param)
