@@ -1,6 +1,6 @@
 """Ask a served VLM about an image, with the official `openai` client (docs/vlm.md).
 
-    ask --endpoint http://127.0.0.1:8322 --model NAME IMAGE QUESTION [--wait 300]
+    ask --endpoint http://127.0.0.1:8322 --model NAME IMAGE QUESTION [--wait 300] [--api-key-file F]
 
 sends one chat request holding the image, inline as a base64 data URL (the server fetches
 nothing from the network), and the question after it; greedy (temperature 0). Prints the
@@ -13,6 +13,7 @@ import mimetypes
 
 import openai
 
+from protos.exposure import read_secret_file
 from protos.paths import user_path
 from trainer.serve.endpoint import wait_healthy
 
@@ -36,6 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", required=True, help="the model name it serves")
     p.add_argument("--wait", type=float, default=0, help="seconds to wait for /health first")
     p.add_argument("--max-tokens", type=int, default=4)
+    p.add_argument("--api-key-file", help="the server's API key (its serve.api_key_file)")
     p.add_argument("image", help="an image file (PNG, JPEG, ...)")
     p.add_argument("question")
     args = p.parse_args(argv)
@@ -46,7 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     endpoint = args.endpoint.rstrip("/")
     if args.wait:
         wait_healthy(endpoint, args.wait)
-    client = openai.OpenAI(base_url=endpoint + "/v1", api_key="unused", max_retries=0)
+    key = (
+        read_secret_file(user_path(args.api_key_file), "--api-key-file")
+        if args.api_key_file
+        else ""
+    )
+    # The client insists on a key; a server without serve.api_key_file ignores it.
+    client = openai.OpenAI(base_url=endpoint + "/v1", api_key=key or "none", max_retries=0)
     try:
         answer = client.chat.completions.create(
             model=args.model, messages=[message], max_tokens=args.max_tokens, temperature=0
