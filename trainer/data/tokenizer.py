@@ -23,6 +23,17 @@ HF_FILE = "tokenizer.json"
 CL100K_FILE = "cl100k_base.tiktoken"
 
 
+def model_vocab_problem(tokens: int, rows: int) -> str | None:
+    """Why a tokenizer of `tokens` ids cannot drive a model of `rows` token embeddings, or
+    None when it can. The model may have more rows than the tokenizer has ids: published
+    checkpoints often pad the embedding to a multiple of 64 or 128, rows no text encodes to and
+    no decode path samples (trainer/inference/engine.py). Fewer rows than ids cannot work: an
+    id past the last row has no embedding."""
+    if tokens <= rows:
+        return None
+    return f"the tokenizer has {tokens:,} ids, more than the model's {rows:,} token embeddings"
+
+
 def _sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()

@@ -18,7 +18,7 @@ import torch
 
 from protos.files import FileDigest, json_bytes
 from trainer import checkpoint
-from trainer.data.tokenizer import Tokenizer
+from trainer.data.tokenizer import Tokenizer, model_vocab_problem
 from trainer.interop import hf_tokenizer, llama_format
 from trainer.interop.llama_format import HfFormatError
 from trainer.interop.publish import publish
@@ -52,12 +52,10 @@ def export_checkpoint(source: Path, tokenizer: Tokenizer, out: Path) -> Exported
     from safetensors.torch import save
 
     meta = checkpoint.verify(source, files=("model.pt",))
-    if tokenizer.vocab_size != meta.vocab_size:
+    problem = model_vocab_problem(tokenizer.vocab_size, meta.vocab_size)
+    if problem:  # more rows than ids is fine: config.json's vocab_size is the model's rows
         raise HfFormatError(
-            "trainer.data",
-            f"the tokenizer has {tokenizer.vocab_size} tokens, the model {meta.vocab_size} "
-            "token embeddings: use the checkpoint's own dataset",
-            str(source),
+            "trainer.data", f"{problem}: use the checkpoint's own dataset", str(source)
         )
     state = torch.load(source / "model.pt", map_location="cpu", mmap=True, weights_only=True)
     tensors = hf_tensors(state, meta.model.tie_embeddings)

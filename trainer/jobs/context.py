@@ -160,10 +160,13 @@ def dataset_of(ctx: JobContext, meta) -> str:
     imported checkpoint has none: its job names the data, with the model's tokenizer)."""
     if meta.dataset and Path(meta.dataset).exists():
         return meta.dataset
+    from trainer.data.tokenizer import model_vocab_problem
+
     ds = precook(ctx)
-    if vocab_size_of(ds) != meta.vocab_size:
+    problem = model_vocab_problem(vocab_size_of(ds), meta.vocab_size)
+    if problem:
         raise BadInput(
-            f"trainer.data.tokenizer: {vocab_size_of(ds)} tokens, the checkpoint's model "
-            f"{meta.vocab_size}: precook with its tokenizer (BPE_FILE, tokenizer_path)"
+            f"trainer.data.tokenizer: {problem}: precook with the checkpoint's tokenizer "
+            "(BPE_FILE, tokenizer_path)"
         )
     return ds.path

@@ -28,6 +28,7 @@ def run(ctx: JobContext) -> ExitCode:
         seed=g.seed,
         stop_id=tokenizer.eos_id,
         max_len=meta.model.max_seq_len,
+        vocab=tokenizer.vocab_size,  # a padded embedding's extra rows are never sampled
     )
     if ctx.env.is_main:
         print(g.prompt + tokenizer.decode(new), flush=True)
