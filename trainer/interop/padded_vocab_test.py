@@ -103,6 +103,19 @@ def test_export_gives_back_the_same_tensors_in_bf16(run):
     assert len(AutoTokenizer.from_pretrained(out)) == TOKENS
 
 
+def test_export_writes_another_dtype_when_asked(run):
+    from safetensors.torch import load_file
+
+    tmp, hf, _, path = run
+    out = tmp / "hf-fp32"
+    assert job(tmp, "export32", "EXPORT", path, hf={"path": str(out), "dtype": "fp32"}) == 0
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32"
+    theirs, ours = load_file(hf / "model.safetensors"), load_file(out / "model.safetensors")
+    assert all(
+        ours[k].dtype == torch.float32 and torch.equal(ours[k], theirs[k].float()) for k in ours
+    )
+
+
 def test_eval_runs_on_the_padded_checkpoint(run):
     tmp, _, _, path = run
     harness = {"tasks": ["kitchen_stdlib_ppl"], "limit": 2}
