@@ -66,7 +66,7 @@ def job(tmp, name: str, kind: str, ckpt, **trainer: Any) -> int:
         "cache_dir": str(tmp / "cache"),
         "workers": 1,
     }
-    spec = {"name": name, "kind": kind}
+    spec: dict[str, Any] = {"name": name, "kind": kind}
     spec["trainer"] = {"checkpoint": {"path": str(ckpt)}, "data": data, **trainer}
     config = write_job(tmp / f"{name}.yaml", spec)
     return main.main(["--config", str(config), "--run-dir", str(tmp / name)])
