@@ -1,6 +1,6 @@
 """A published-style checkpoint: a bf16 LlamaForCausalLM whose embedding has more rows (832)
 than its tokenizer has ids (777), made here by transformers. It imports in bf16 with the same
-logits, exports back to the same tensors in the same dtype, and its eval, generate and the
+logits, exports back to the same tensors in the same dtype, and SFT, eval, generate and the
 engine run on it; the padded ids are never sampled."""
 
 import json
@@ -56,7 +56,8 @@ def run(tmp_path_factory):
 
 
 def job(tmp, name: str, kind: str, ckpt, **trainer: Any) -> int:
-    """A job on `ckpt` whose data is precooked with the model's own 777-id tokenizer."""
+    """A job on `ckpt` whose data is precooked with the model's own 777-id tokenizer
+    (`trainer["data"]` adds to that section; the other sections replace)."""
     data = {
         "input": stdlib_package("json"),
         "tokenizer": "bpe_file",
@@ -65,6 +66,7 @@ def job(tmp, name: str, kind: str, ckpt, **trainer: Any) -> int:
         "eval_fraction": 0.2,
         "cache_dir": str(tmp / "cache"),
         "workers": 1,
+        **trainer.pop("data", {}),
     }
     spec: dict[str, Any] = {"name": name, "kind": kind}
     spec["trainer"] = {"checkpoint": {"path": str(ckpt)}, "data": data, **trainer}
@@ -124,6 +126,32 @@ def test_eval_runs_on_the_padded_checkpoint(run):
     report = json.loads((tmp / "eval" / "eval.json").read_text())
     assert report["tokens"] > 0 and 0 < report["loss"] < 2 * torch.log(torch.tensor(ROWS))
     assert report["harness"]["kitchen_stdlib_ppl/bits_per_byte"] > 0
+
+
+def test_sft_fine_tunes_the_padded_checkpoint(run):
+    from google.protobuf import json_format
+
+    from trainer.testing import chat_file
+
+    tmp, _, _, path = run
+    meta = checkpoint.verify(path, files=())
+    model = json_format.MessageToDict(meta.model, preserving_proto_field_name=True)
+    chat = chat_file(tmp / "chat.jsonl", n=40)
+    assert (
+        job(
+            tmp,
+            "sft",
+            "SFT",
+            path,
+            model=model,
+            train={"steps": 2, "micro_batch": 4, "log_every": 1, "eval_every": 0},
+            checkpoint={"path": str(path), "every_steps": 2},
+            data={"input": str(chat), "format": "jsonl_chat"},
+        )
+        == 0
+    )
+    tuned = checkpoint.verify(tmp / "sft" / "checkpoints" / "step_00000002", files=())
+    assert tuned.vocab_size == ROWS
 
 
 def test_generate_runs_and_never_samples_a_padded_id(run, capsys):

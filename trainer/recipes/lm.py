@@ -25,6 +25,18 @@ class LanguageModelRecipe(Recipe):
     expert_parallel = True
     starting = "fine-tuning from"  # the log line of a start from checkpoint.path
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A start from a checkpoint whose embedding has more rows than the data's tokenizer
+        # has ids (a published model imported: 777 ids, 832 rows) keeps the checkpoint's rows;
+        # fewer is refused by checkpoint.pretrained in start().
+        if self.kind != job_pb2.PRETRAIN and self.cfg.checkpoint.path:
+            try:
+                rows = checkpoint.verify(Path(self.cfg.checkpoint.path), files=()).vocab_size
+            except checkpoint.CheckpointError:
+                rows = 0  # start() names what is wrong
+            self.vocab_size = max(self.vocab_size, rows)
+
     def build(self) -> torch.nn.Module:
         # model_setup's one recipe for the Transformer of a config (it seeds from train.seed
         # again, as set_up just did: the same weights)
