@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from trainer import checkpoint, main
-from trainer.data.tokenizer import load_tokenizer, train_bpe
+from trainer.data.tokenizer import from_tokenizer_json, train_bpe
 from trainer.inference import offline
 from trainer.inference.engine import SamplingParams
 from trainer.testing import stdlib_package, write_job
@@ -164,8 +164,7 @@ def test_generate_runs_and_never_samples_a_padded_id(run, capsys):
     # the draw is nearly uniform over 832 rows, so ~230 draws (4 prompts to the 64-position
     # context) without the limit miss every padded id (55 of 832) with probability ~1e-7.
     model, meta = checkpoint.load_model(path, torch.device("cpu"), use_kernels=False)
-    (dataset,) = (tmp / "cache" / "datasets").iterdir()
-    tok = load_tokenizer(str(dataset))
+    tok = from_tokenizer_json(str(tmp / "hf" / "tokenizer.json"))
     prompts = [offline.Prompt([tok.bos_id] + tok.encode("import json\n"))] * 4
     params = [SamplingParams(max_tokens=60, temperature=50.0, seed=s) for s in range(4)]
 
