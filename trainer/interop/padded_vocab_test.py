@@ -17,7 +17,8 @@ from trainer.testing import stdlib_package, write_job
 
 torch.set_num_threads(1)
 TOKENS, ROWS = 777, 832  # ids of the tokenizer, rows of the model's embedding
-LOGITS_ATOL = 1e-4  # fp32 arithmetic on the same bf16 weights, in another order
+LOGITS_ATOL = 1e-4
+PROMPT = "import json\n"  # fp32 arithmetic on the same bf16 weights, in another order
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +56,9 @@ def run(tmp_path_factory):
     return tmp, hf, model, tmp / "import" / "checkpoints" / "step_00000000"
 
 
-def job(tmp, name: str, kind: str, ckpt, **trainer: Any) -> int:
-    """A job on `ckpt` whose data is precooked with the model's own 777-id tokenizer
-    (`trainer["data"]` adds to that section; the other sections replace)."""
-    data = {
+def data_section(tmp, **fields) -> dict[str, Any]:
+    """Data precooked with the model's own 777-id tokenizer."""
+    return {
         "input": stdlib_package("json"),
         "tokenizer": "bpe_file",
         "tokenizer_path": str(tmp / "hf" / "tokenizer.json"),
@@ -66,8 +66,14 @@ def job(tmp, name: str, kind: str, ckpt, **trainer: Any) -> int:
         "eval_fraction": 0.2,
         "cache_dir": str(tmp / "cache"),
         "workers": 1,
-        **trainer.pop("data", {}),
+        **fields,
     }
+
+
+def job(tmp, name: str, kind: str, ckpt, **trainer: Any) -> int:
+    """A job on `ckpt` with data_section (`trainer["data"]` adds to it; the other sections
+    replace their defaults)."""
+    data = data_section(tmp, **trainer.pop("data", {}))
     spec: dict[str, Any] = {"name": name, "kind": kind}
     spec["trainer"] = {"checkpoint": {"path": str(ckpt)}, "data": data, **trainer}
     config = write_job(tmp / f"{name}.yaml", spec)
@@ -154,18 +160,27 @@ def test_sft_fine_tunes_the_padded_checkpoint(run):
     assert tuned.vocab_size == ROWS
 
 
-def test_generate_runs_and_never_samples_a_padded_id(run, capsys):
+def engine_text(model, tok, params: SamplingParams, vocab) -> str:
+    """What the engine samples after <bos> PROMPT, limited to `vocab` ids (None: every row)."""
+    prompt = offline.Prompt([tok.bos_id] + tok.encode(PROMPT))
+    (done,) = offline.generate(model, [prompt], params, eos_id=tok.eos_id, max_len=64, vocab=vocab)
+    return tok.decode(done.token_ids)
+
+
+def test_no_decode_path_samples_a_padded_id(run, capsys):
+    """The engine cuts the padded rows off; the generate job and the serve job tell it to (a
+    seeded draw equals the engine's with the cut, which differs from one without it)."""
+    import openai
+
+    from trainer.serve.testing import wait_for_endpoint
+    from trainer.testing import start_trainer
+
     tmp, _, _, path = run
-    generate = {"prompt": "import json\n", "max_new_tokens": 8, "temperature": 1.0}
-    capsys.readouterr()
-    assert job(tmp, "generate", "GENERATE", path, generate=generate) == 0
-    assert "import json\n" in capsys.readouterr().out
-    # Every decode path samples through the engine, told the tokenizer's ids: at temperature 50
-    # the draw is nearly uniform over 832 rows, so ~230 draws (4 prompts to the 64-position
-    # context) without the limit miss every padded id (55 of 832) with probability ~1e-7.
-    model, meta = checkpoint.load_model(path, torch.device("cpu"), use_kernels=False)
+    model, _ = checkpoint.load_model(path, torch.device("cpu"), use_kernels=False)
     tok = from_tokenizer_json(str(tmp / "hf" / "tokenizer.json"))
-    prompts = [offline.Prompt([tok.bos_id] + tok.encode("import json\n"))] * 4
+    # At temperature 50 the draw is nearly uniform over 832 rows, so ~230 draws (4 prompts to
+    # the 64-position context) miss every padded id (55 of 832) with probability ~1e-7.
+    prompts = [offline.Prompt([tok.bos_id] + tok.encode(PROMPT))] * 4
     params = [SamplingParams(max_tokens=60, temperature=50.0, seed=s) for s in range(4)]
 
     def drawn(vocab):
@@ -175,3 +190,29 @@ def test_generate_runs_and_never_samples_a_padded_id(run, capsys):
     assert max(drawn(None)) >= TOKENS  # the check below can fail
     limited = drawn(tok.vocab_size)
     assert len(limited) > 200 and max(limited) < TOKENS
+
+    generate = {"prompt": PROMPT, "max_new_tokens": 12, "temperature": 1.0, "seed": 3}
+    capsys.readouterr()
+    assert job(tmp, "generate", "GENERATE", path, generate=generate) == 0
+    printed = capsys.readouterr().out
+    same = SamplingParams(max_tokens=12, temperature=1.0, top_k=50, top_p=0.95, seed=3)
+    assert PROMPT + engine_text(model, tok, same, TOKENS) in printed
+    assert PROMPT + engine_text(model, tok, same, None) not in printed
+
+    spec: dict[str, Any] = {"name": "padded-serve", "kind": "SERVE"}
+    spec["trainer"] = {"checkpoint": {"path": str(path)}, "data": data_section(tmp)}
+    config = write_job(tmp / "serve.yaml", spec)
+    log = tmp / "serve.log"
+    process = start_trainer("--config", config, "--run-dir", tmp / "serve", log_path=log)
+    try:
+        endpoint = wait_for_endpoint(log, process, timeout=300)
+        client = openai.OpenAI(base_url=endpoint + "/v1", api_key="-", max_retries=0)
+        got = client.completions.create(
+            model="padded-serve", prompt=PROMPT, max_tokens=12, temperature=1.0, seed=5
+        )
+    finally:
+        process.kill()
+        process.wait()
+    served = SamplingParams(max_tokens=12, temperature=1.0, seed=5)
+    assert got.choices[0].text == engine_text(model, tok, served, TOKENS)
+    assert got.choices[0].text != engine_text(model, tok, served, None)
