@@ -23,17 +23,6 @@ HF_FILE = "tokenizer.json"
 CL100K_FILE = "cl100k_base.tiktoken"
 
 
-def model_vocab_problem(tokens: int, rows: int) -> str | None:
-    """Why a tokenizer of `tokens` ids cannot drive a model of `rows` token embeddings, or
-    None when it can. The model may have more rows than the tokenizer has ids: published
-    checkpoints often pad the embedding to a multiple of 64 or 128, rows no text encodes to and
-    no decode path samples (trainer/inference/engine.py). Fewer rows than ids cannot work: an
-    id past the last row has no embedding."""
-    if tokens <= rows:
-        return None
-    return f"the tokenizer has {tokens:,} ids, more than the model's {rows:,} token embeddings"
-
-
 def _sha256(path: str) -> str:
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -207,13 +196,17 @@ def from_section(section: TokenizerSection, directory: str) -> Tokenizer:
     return tok
 
 
-def load_tokenizer(dataset_path: str) -> Tokenizer:
-    """The tokenizer saved beside a precooked dataset (or a tokenized corpus)."""
+def tokenizer_section(dataset_path: str) -> TokenizerSection:
+    """The manifest's description of the tokenizer saved beside a precooked dataset."""
     name = os.path.join(dataset_path, manifest.MANIFEST)
     with open(name, encoding="utf-8") as f:
         data = json.load(f)
     try:
-        section = manifest.from_json(TokenizerSection, data.get("tokenizer"), "tokenizer")
+        return manifest.from_json(TokenizerSection, data.get("tokenizer"), "tokenizer")
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
-    return from_section(section, dataset_path)
+
+
+def load_tokenizer(dataset_path: str) -> Tokenizer:
+    """The tokenizer saved beside a precooked dataset (or a tokenized corpus)."""
+    return from_section(tokenizer_section(dataset_path), dataset_path)

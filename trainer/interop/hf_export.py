@@ -17,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from protos.files import FileDigest, json_bytes
+from protos.files import FileDigest, json_bytes, sha256_file
 from trainer import checkpoint
-from trainer.data.tokenizer import Tokenizer, model_vocab_problem
-from trainer.interop import hf_tokenizer, llama_format
+from trainer.data.tokenizer import Tokenizer
+from trainer.interop import hf_tokenizer, llama_format, vocab
 from trainer.interop.llama_format import HfFormatError
 from trainer.interop.publish import publish
 
@@ -56,8 +56,8 @@ def export_checkpoint(
     from safetensors.torch import save
 
     meta = checkpoint.verify(source, files=("model.pt",))
-    problem = model_vocab_problem(tokenizer.vocab_size, meta.vocab_size)
-    if problem:  # more rows than ids is fine: config.json's vocab_size is the model's rows
+    problem = vocab.problem(source, meta, tokenizer.vocab_size, sha256_file(tokenizer.file_path))
+    if problem:  # a padded embedding is fine: config.json's vocab_size is the model's rows
         raise HfFormatError(
             "trainer.data", f"{problem}: use the checkpoint's own dataset", str(source)
         )

@@ -124,6 +124,16 @@ def test_export_writes_another_dtype_when_asked(run):
     )
 
 
+def test_a_smaller_vocabulary_that_is_not_the_models_is_refused(run, capsys):
+    tmp, _, _, path = run
+    other = {"tokenizer": "bpe_train", "vocab_size": 600, "tokenizer_path": ""}
+    capsys.readouterr()
+    assert job(tmp, "other", "GENERATE", path, data=other, generate={"prompt": PROMPT}) == 2
+    err = capsys.readouterr().err
+    assert "trainer.data.tokenizer: the tokenizer has 600 ids, the model 832" in err
+    assert "not the one it was imported with or trained on" in err
+
+
 def test_eval_runs_on_the_padded_checkpoint(run):
     tmp, _, _, path = run
     harness = {"tasks": ["kitchen_stdlib_ppl"], "limit": 2}

@@ -15,7 +15,7 @@ def run(ctx: JobContext) -> ExitCode:
     from trainer.generate import generate
 
     model, meta, path = load_checkpoint_model(ctx)
-    tokenizer = load_tokenizer(dataset_of(ctx, meta))
+    tokenizer = load_tokenizer(dataset_of(ctx, meta, path))
     g = ctx.cfg.generate
     prompt = [tokenizer.bos_id] + tokenizer.encode(g.prompt)  # documents start with BOS
     new, tokens_per_s = generate(

@@ -18,7 +18,7 @@ def export(ctx: JobContext) -> ExitCode:
     from trainer.interop.hf_export import export_checkpoint
 
     _, meta, path = load_checkpoint_model(ctx)
-    tokenizer = load_tokenizer(dataset_of(ctx, meta))
+    tokenizer = load_tokenizer(dataset_of(ctx, meta, path))
     name = DTYPES[ctx.cfg.hf.dtype.lower()]  # validated; None: as the checkpoint holds them
     dtype = getattr(torch, name) if name else None
     if ctx.env.is_main:

@@ -27,15 +27,19 @@ class LanguageModelRecipe(Recipe):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # A start from a checkpoint whose embedding has more rows than the data's tokenizer
-        # has ids (a published model imported: 777 ids, 832 rows) keeps the checkpoint's rows;
-        # fewer is refused by checkpoint.pretrained in start().
+        # A start from a checkpoint whose embedding is padded past its own tokenizer, the
+        # data's (a published model imported: 777 ids, 832 rows), keeps the checkpoint's rows;
+        # any other difference is refused by checkpoint.pretrained in start().
         if self.kind != job_pb2.PRETRAIN and self.cfg.checkpoint.path:
+            from trainer.interop import vocab
+
+            path = Path(self.cfg.checkpoint.path)
             try:
-                rows = checkpoint.verify(Path(self.cfg.checkpoint.path), files=()).vocab_size
+                meta = checkpoint.verify(path, files=())
             except checkpoint.CheckpointError:
-                rows = 0  # start() names what is wrong
-            self.vocab_size = max(self.vocab_size, rows)
+                return  # start() names what is wrong
+            if vocab.dataset_problem(path, meta, self.dataset) is None:
+                self.vocab_size = max(self.vocab_size, meta.vocab_size)
 
     def build(self) -> torch.nn.Module:
         # model_setup's one recipe for the Transformer of a config (it seeds from train.seed
