@@ -230,6 +230,8 @@ DTYPES: dict[str, str | None] = {
     "fp8": "bfloat16",
     "float8": "bfloat16",
 }
+# hf.dtype spellings: an export's weights are stored, not computed with ("" = as saved).
+EXPORT_DTYPES = frozenset(DTYPES) - {"fp8", "float8"}
 # train.dtype spellings that swap the blocks' Linear layers for float8 ones (CUDA 8.9+ only).
 FP8_DTYPES = frozenset({"fp8", "float8"})
 

@@ -257,6 +257,11 @@ def validate_trainer(
     check_ranges(cfg.eval, "eval", "trainer.eval")
     if kind == job_pb2.IMPORT:
         check(bool(cfg.hf.path), "trainer.hf.path", "IMPORT reads a Hugging Face model directory")
+    check(
+        cfg.hf.dtype.lower() in defaults.EXPORT_DTYPES,
+        "trainer.hf.dtype",
+        f"{cfg.hf.dtype!r} is not one of fp32, bf16, fp16 (or empty: the checkpoint's own)",
+    )
     validate_vision(cfg, kind)  # #16
     check(  # #21: a PRECOOK job's tasks are the launcher's (launcher/executors/task_array.py)
         d.tasks == 1 or (kind == job_pb2.PRECOOK and d.format not in IMAGE_FORMATS),

@@ -62,6 +62,7 @@ def test_a_minimal_spec_resolves_with_defaults():
         ({"trainer__optim__lr": math.nan}, "trainer.optim.lr: nan is not a finite number"),
         ({"trainer__optim__beta2": 1.0}, "trainer.optim.beta2: 1 is not in [0, 1)"),
         ({"trainer__train__dtype": "fp4"}, "trainer.train.dtype: 'fp4'"),
+        ({"trainer__hf__dtype": "fp8"}, "trainer.hf.dtype: 'fp8' is not one of fp32, bf16"),
         ({"trainer__train__micro_batch": 0}, "trainer.train.micro_batch"),
         ({"trainer__train__steps": 2**31 - 1}, "trainer.train.steps"),
         ({"trainer__train__spike_factor": 0.5}, "trainer.train.spike_factor"),

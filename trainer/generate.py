@@ -19,16 +19,22 @@ def generate(
     seed: int = 0,
     stop_id: int | None = None,
     max_len: int,
+    vocab: int | None = None,
 ) -> tuple[list[int], float]:
     """New token ids after `prompt` (the stop token last when it ended them) and tokens/s.
     Stops at `stop_id` (None: never), after `max_new_tokens`, or when `max_len` positions are
-    used."""
+    used. Only ids below `vocab` (the tokenizer's) are sampled (None: any row of the model's)."""
     params = SamplingParams(
         max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed
     )
     start = time.perf_counter()
     [done] = generate_batch(
-        model, [Prompt(prompt)], params, eos_id=-1 if stop_id is None else stop_id, max_len=max_len
+        model,
+        [Prompt(prompt)],
+        params,
+        eos_id=-1 if stop_id is None else stop_id,
+        max_len=max_len,
+        vocab=vocab,
     )
     elapsed = time.perf_counter() - start
     return done.token_ids, len(done.token_ids) / max(elapsed, 1e-9)

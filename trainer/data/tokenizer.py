@@ -196,13 +196,17 @@ def from_section(section: TokenizerSection, directory: str) -> Tokenizer:
     return tok
 
 
-def load_tokenizer(dataset_path: str) -> Tokenizer:
-    """The tokenizer saved beside a precooked dataset (or a tokenized corpus)."""
+def tokenizer_section(dataset_path: str) -> TokenizerSection:
+    """The manifest's description of the tokenizer saved beside a precooked dataset."""
     name = os.path.join(dataset_path, manifest.MANIFEST)
     with open(name, encoding="utf-8") as f:
         data = json.load(f)
     try:
-        section = manifest.from_json(TokenizerSection, data.get("tokenizer"), "tokenizer")
+        return manifest.from_json(TokenizerSection, data.get("tokenizer"), "tokenizer")
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
-    return from_section(section, dataset_path)
+
+
+def load_tokenizer(dataset_path: str) -> Tokenizer:
+    """The tokenizer saved beside a precooked dataset (or a tokenized corpus)."""
+    return from_section(tokenizer_section(dataset_path), dataset_path)

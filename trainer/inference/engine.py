@@ -23,6 +23,11 @@ One rule for every path: a request stops at the model's end of text (`eos_id`) o
 response <eos>`) but never of its text; sampling is sampling.py's (temperature 0 greedy, top-k,
 top-p, a generator per request seeded by its own seed, so its draws do not depend on what else
 is in the batch); with `logprobs`, each sampled token's log-probability at temperature 1.
+Only ids of the tokenizer (`vocab`) are ever sampled: a checkpoint whose embedding has more
+rows than its tokenizer has ids (vocabularies padded to a multiple of 64 or 128, as published
+checkpoints often are) has logits for ids that decode to nothing, and those are cut off before
+sampling. The log-probabilities stay those of the model's full softmax (what the RL trainer
+recomputes from the logits).
 """
 
 import enum
@@ -123,13 +128,16 @@ class Engine:
         eos_id: int,
         max_len: int,
         embed_images: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        vocab: int | None = None,
     ):
         """`cfg` is a ServeConfig with defaults applied; `max_len` the model's positions;
         `embed_images` a VLM's encoder and projector, (B, S, S, 3) uint8 -> (B, image tokens,
-        dim) (None: a text model)."""
+        dim) (None: a text model); `vocab` the tokenizer's ids (None: every row of the model's
+        output), the only ones sampled."""
         self.model = model  # its live parameters: the engine copies no weights
         self.embed_images = embed_images
         self.cfg, self.decode, self.eos_id, self.max_len = cfg, decode, eos_id, max_len
+        self.vocab = vocab
         p = next(model.parameters())
         attn = model.layers[0].attention
         self.cache = PagedKVCache(
@@ -191,7 +199,7 @@ class Engine:
             r.computed += n
             if r.computed == r.length:  # else a prefill chunk: the prompt is not all read yet
                 ready.append((i, r))
-        tokens = self._sample(logits, ready)
+        tokens = self._sample(logits[:, : self.vocab], ready)
         scored = [k for k, (_, r) in enumerate(ready) if r.params.logprobs]
         if scored:
             rows = logits[[ready[k][0] for k in scored]]

@@ -61,10 +61,12 @@ def generate(
     embed_images: Callable[[torch.Tensor], torch.Tensor] | None = None,
     image_tokens: int = 0,
     block_size: int = 16,
+    vocab: int | None = None,
 ) -> list[Completion]:
     """One completion per prompt, in order. `params`: one for all prompts, or one each (each
     request's own seed: give distinct seeds for distinct draws of one prompt). `max_len`: the
-    positions the model has (default: its rotary table's). `decode`: ids -> text."""
+    positions the model has (default: its rotary table's). `decode`: ids -> text. `vocab`: the
+    tokenizer's ids, the only ones sampled (None: every row of the model's output; engine.py)."""
     if isinstance(params, SamplingParams):
         params = [params] * len(prompts)
     if len(params) != len(prompts):
@@ -88,7 +90,7 @@ def generate(
     cfg = _pool_config(runs, max_len, block_size)
     engine = Engine(
         model, cfg, decode=decode or _no_text, eos_id=eos_id, max_len=max_len,
-        embed_images=embed_images,
+        embed_images=embed_images, vocab=vocab,
     )  # fmt: skip
     for r in runs:
         engine.add(r)

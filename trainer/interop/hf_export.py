@@ -2,7 +2,8 @@
 
     config.json             LlamaForCausalLM (llama_format.hf_config)
     generation_config.json  BOS/EOS/pad ids
-    model.safetensors       the weights under Llama's names, in the checkpoint's dtype (fp32)
+    model.safetensors       the weights under Llama's names, in model.pt's dtype (fp32 trained,
+                            bf16 imported from bf16) or trainer.hf.dtype
     tokenizer.json          the dataset's tokenizer, BOS prepended (hf_tokenizer)
     tokenizer_config.json   PreTrainedTokenizerFast; the chat template of an SFT checkpoint
     kitchen_export.json     where it came from: checkpoint, step, the checkpoint's own SHA-256s
@@ -16,10 +17,10 @@ from pathlib import Path
 
 import torch
 
-from protos.files import FileDigest, json_bytes
+from protos.files import FileDigest, json_bytes, sha256_file
 from trainer import checkpoint
 from trainer.data.tokenizer import Tokenizer
-from trainer.interop import hf_tokenizer, llama_format
+from trainer.interop import hf_tokenizer, llama_format, vocab
 from trainer.interop.llama_format import HfFormatError
 from trainer.interop.publish import publish
 
@@ -45,22 +46,25 @@ def hf_tensors(state: dict[str, torch.Tensor], tied: bool) -> dict[str, torch.Te
     return out
 
 
-def export_checkpoint(source: Path, tokenizer: Tokenizer, out: Path) -> Exported:
-    """Write checkpoint `source` (verified against its meta.json) as an HF directory `out`.
-    CheckpointError or HfFormatError name what is wrong; FileExistsError if `out` holds
-    something other than an earlier export."""
+def export_checkpoint(
+    source: Path, tokenizer: Tokenizer, out: Path, dtype: torch.dtype | None = None
+) -> Exported:
+    """Write checkpoint `source` (verified against its meta.json) as an HF directory `out`,
+    its weights in `dtype` (None: as model.pt holds them). CheckpointError or HfFormatError
+    name what is wrong; FileExistsError if `out` holds something other than an earlier
+    export."""
     from safetensors.torch import save
 
     meta = checkpoint.verify(source, files=("model.pt",))
-    if tokenizer.vocab_size != meta.vocab_size:
+    problem = vocab.problem(source, meta, tokenizer.vocab_size, sha256_file(tokenizer.file_path))
+    if problem:  # a padded embedding is fine: config.json's vocab_size is the model's rows
         raise HfFormatError(
-            "trainer.data",
-            f"the tokenizer has {tokenizer.vocab_size} tokens, the model {meta.vocab_size} "
-            "token embeddings: use the checkpoint's own dataset",
-            str(source),
+            "trainer.data", f"{problem}: use the checkpoint's own dataset", str(source)
         )
     state = torch.load(source / "model.pt", map_location="cpu", mmap=True, weights_only=True)
     tensors = hf_tensors(state, meta.model.tie_embeddings)
+    if dtype is not None:
+        tensors = {name: t.to(dtype) for name, t in tensors.items()}
     dtype = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     special = hf_tokenizer.special_tokens(tokenizer)
     config = llama_format.hf_config(meta.model, meta.vocab_size, special, dtype)

@@ -64,8 +64,9 @@ def weight_files(hf_dir: Path) -> list[Path]:
 
 
 def load_tensors(hf_dir: Path, expected: dict[str, tuple]) -> dict[str, torch.Tensor]:
-    """Every expected tensor, in fp32, after checking its shape; HfFormatError naming the
-    tensor (and the config.json fields its shape comes from) otherwise."""
+    """Every expected tensor, in the file's dtype (a bf16 model stays bf16: half the bytes of
+    fp32, and an export gives back the same file), after checking its shape; HfFormatError
+    naming the tensor (and the config.json fields its shape comes from) otherwise."""
     from safetensors import safe_open
 
     found: dict[str, torch.Tensor] = {}
@@ -92,7 +93,7 @@ def load_tensors(hf_dir: Path, expected: dict[str, tuple]) -> dict[str, torch.Te
                         f"{list(expected[name])}",
                         str(file),
                     )
-                found[name] = tensor.float()
+                found[name] = tensor
     missing = [n for n in expected if n not in found]
     if missing:
         raise HfFormatError(missing[0], f"missing ({len(missing)} tensors in all)", str(hf_dir))
@@ -120,9 +121,9 @@ def import_hf(hf_dir: Path, checkpoints: Path) -> checkpoint.Found:
     state = {by_hf[name]: t for name, t in tensors.items()}
     if model_cfg.tie_embeddings:  # one tensor in the file, two names in the model
         state["output.weight"] = state["tok_embeddings.weight"]
-    model.load_state_dict(state)
+    model.load_state_dict(state)  # every tensor fits the model (the jobs load it so, upcast)
     buffer = io.BytesIO()
-    torch.save(model.state_dict(), buffer)
+    torch.save({name: state[name] for name in model.state_dict()}, buffer)  # the file's dtypes
     weights = buffer.getvalue()
     files = {"model.pt": weights}
     read = [_cfg(hf_dir), *weight_files(hf_dir), hf_dir / "tokenizer.json"]

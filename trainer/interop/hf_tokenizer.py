@@ -4,7 +4,10 @@
 Kitchen lays out every document as `<bos> text <eos>` itself (precook) and never lets
 `encode` add specials. The exported tokenizer.json gets a post-processor that prepends BOS, so
 `tokenizer(text).input_ids` in transformers is what Kitchen's model saw at the start of a
-document: `[bos] + encode(text)`. An SFT checkpoint also gets a chat template that renders
+document: `[bos] + encode(text)`; tokenizer_config.json says so (`add_bos_token`), which is
+what lm-eval's `hf` backend and serving engines read. (lm-eval 0.4.13 also prepends its own
+prefix token to a perplexity request's text: docs/eval.md gives the model argument that makes
+its perplexities Kitchen's.) An SFT checkpoint also gets a chat template that renders
 Kitchen's SFT layout, `<bos> prompt response <eos>` (no role markers: precook adds none).
 """
 
@@ -48,6 +51,9 @@ def hf_tokenizer_files(tok: Tokenizer, max_len: int, chat: bool) -> dict[str, by
         "eos_token": backend.id_to_token(tok.eos_id),
         "pad_token": backend.id_to_token(tok.pad_id),
         "model_max_length": max_len,
+        # Said as well as done (the post-processor): transformers rebuilds the post-processor
+        # from this flag, so `add_bos_token=False` (lm-eval's model argument) turns it off.
+        "add_bos_token": True,
         "clean_up_tokenization_spaces": False,
     }
     if chat:

@@ -98,6 +98,6 @@ class KitchenLM(LM):
             params.append(SamplingParams(max_tokens=limit, temperature=0, stop=stop))
         done = offline.generate(
             self.model, prompts, params, eos_id=self.tokenizer.eos_id, max_len=self.max_len,
-            decode=self.tokenizer.decode,
+            decode=self.tokenizer.decode, vocab=self.tokenizer.vocab_size,
         )  # fmt: skip
         return [c.text for c in done]

@@ -155,15 +155,19 @@ def load_checkpoint_model(ctx: JobContext, path: Path | None = None):
     return model, meta, path
 
 
-def dataset_of(ctx: JobContext, meta) -> str:
-    """The checkpoint's own dataset when it is still there, else `cfg.data` precooked (an
-    imported checkpoint has none: its job names the data, with the model's tokenizer)."""
+def dataset_of(ctx: JobContext, meta, path: Path) -> str:
+    """Checkpoint `path`'s own dataset when it is still there, else `cfg.data` precooked (an
+    imported checkpoint has none: its job names the data, with the model's tokenizer, which
+    trainer/interop/vocab.py checks)."""
     if meta.dataset and Path(meta.dataset).exists():
         return meta.dataset
+    from trainer.interop import vocab
+
     ds = precook(ctx)
-    if vocab_size_of(ds) != meta.vocab_size:
+    problem = vocab.dataset_problem(path, meta, ds.path)
+    if problem:
         raise BadInput(
-            f"trainer.data.tokenizer: {vocab_size_of(ds)} tokens, the checkpoint's model "
-            f"{meta.vocab_size}: precook with its tokenizer (BPE_FILE, tokenizer_path)"
+            f"trainer.data.tokenizer: {problem}: precook with the checkpoint's tokenizer "
+            "(BPE_FILE, tokenizer_path)"
         )
     return ds.path

@@ -36,7 +36,7 @@ def run(ctx: JobContext) -> ExitCode:
                 log(f"WARNING: skipping damaged checkpoint: {e}")
                 continue
         model, meta, path = load_checkpoint_model(ctx, target)
-        dataset = dataset_of(ctx, meta)
+        dataset = dataset_of(ctx, meta, path)
         report, scores = checkpoint_eval.evaluate_checkpoint(
             model, meta, path, dataset, cfg, env, dtype, log
         )

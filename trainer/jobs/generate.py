@@ -15,7 +15,7 @@ def run(ctx: JobContext) -> ExitCode:
     from trainer.generate import generate
 
     model, meta, path = load_checkpoint_model(ctx)
-    tokenizer = load_tokenizer(dataset_of(ctx, meta))
+    tokenizer = load_tokenizer(dataset_of(ctx, meta, path))
     g = ctx.cfg.generate
     prompt = [tokenizer.bos_id] + tokenizer.encode(g.prompt)  # documents start with BOS
     new, tokens_per_s = generate(
@@ -28,6 +28,7 @@ def run(ctx: JobContext) -> ExitCode:
         seed=g.seed,
         stop_id=tokenizer.eos_id,
         max_len=meta.model.max_seq_len,
+        vocab=tokenizer.vocab_size,  # a padded embedding's extra rows are never sampled
     )
     if ctx.env.is_main:
         print(g.prompt + tokenizer.decode(new), flush=True)

@@ -11,14 +11,20 @@ from trainer.jobs.context import BadInput, JobContext, dataset_of, load_checkpoi
 
 def export(ctx: JobContext) -> ExitCode:
     """A checkpoint as a Hugging Face model directory: trainer.hf.path, else <run dir>/hf."""
+    import torch
+
+    from protos.defaults import DTYPES
     from trainer.data.tokenizer import load_tokenizer
     from trainer.interop.hf_export import export_checkpoint
 
     _, meta, path = load_checkpoint_model(ctx)
-    tokenizer = load_tokenizer(dataset_of(ctx, meta))
+    tokenizer = load_tokenizer(dataset_of(ctx, meta, path))
+    name = DTYPES[ctx.cfg.hf.dtype.lower()]  # validated; None: as the checkpoint holds them
+    dtype = getattr(torch, name) if name else None
     if ctx.env.is_main:
+        out = Path(ctx.cfg.hf.path or ctx.run_dir / "hf")
         try:
-            done = export_checkpoint(path, tokenizer, Path(ctx.cfg.hf.path or ctx.run_dir / "hf"))
+            done = export_checkpoint(path, tokenizer, out, dtype)
         except FileExistsError as e:
             raise BadInput(f"trainer.hf.path: {e}") from e
         size = sum(d.bytes for d in done.files.values())

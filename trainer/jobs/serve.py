@@ -21,7 +21,7 @@ def run(ctx: JobContext) -> ExitCode:
         images = PromptImages(cfg.vision.image_size, vlm.image_tokens, vlm.embed_images)
         max_len = vlm.lm.rope.cos.shape[0]  # image tokens + data.seq_len, or model.max_seq_len
         return serve(vlm.lm, tok, max_len, cfg.serve, ctx.attempt, ctx.log, ctx.client, images)
-    model, meta, _ = load_checkpoint_model(ctx)
-    tokenizer = load_tokenizer(dataset_of(ctx, meta))
+    model, meta, path = load_checkpoint_model(ctx)
+    tokenizer = load_tokenizer(dataset_of(ctx, meta, path))
     max_len = meta.model.max_seq_len
     return serve(model, tokenizer, max_len, cfg.serve, ctx.attempt, ctx.log, ctx.client)

@@ -25,6 +25,22 @@ class LanguageModelRecipe(Recipe):
     expert_parallel = True
     starting = "fine-tuning from"  # the log line of a start from checkpoint.path
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A start from a checkpoint whose embedding is padded past its own tokenizer, the
+        # data's (a published model imported: 777 ids, 832 rows), keeps the checkpoint's rows;
+        # any other difference is refused by checkpoint.pretrained in start().
+        if self.kind != job_pb2.PRETRAIN and self.cfg.checkpoint.path:
+            from trainer.interop import vocab
+
+            path = Path(self.cfg.checkpoint.path)
+            try:
+                meta = checkpoint.verify(path, files=())
+            except checkpoint.CheckpointError:
+                return  # start() names what is wrong
+            if vocab.dataset_problem(path, meta, self.dataset) is None:
+                self.vocab_size = max(self.vocab_size, meta.vocab_size)
+
     def build(self) -> torch.nn.Module:
         # model_setup's one recipe for the Transformer of a config (it seeds from train.seed
         # again, as set_up just did: the same weights)

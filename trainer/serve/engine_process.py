@@ -48,6 +48,7 @@ class EngineSpec:
     max_len: int
     embed_images: Callable[[torch.Tensor], torch.Tensor] | None
     threads: int  # torch's intra-op threads, the parent's
+    vocab: int | None = None  # the tokenizer's ids, the only ones sampled (engine.py)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,7 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
         eos_id=spec.eos_id,
         max_len=spec.max_len,
         embed_images=spec.embed_images,
+        vocab=spec.vocab,
     )
     received, draining = 0, False
     refused: list[Output] = []

@@ -45,6 +45,7 @@ class Server:
         *,
         decode,
         eos_id: int,
+        vocab: int | None = None,
     ):
         """`cfg` has its defaults applied (protos.defaults.with_defaults)."""
         key = api_key(cfg)  # first: a key that cannot be read stops the job before anything
@@ -56,6 +57,7 @@ class Server:
             max_len=served.max_len,
             embed_images=served.images.embed if served.images else None,
             threads=torch.get_num_threads(),
+            vocab=vocab,
         )
         self.runner = EngineRunner(spec, ServeMetrics(served.name))
         # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only
@@ -160,7 +162,14 @@ def serve(
     sigterm = install_sigterm_handler()
     interrupted: list[int] = []  # Ctrl-C on a job run by hand: drain, then exit 0
     signal.signal(signal.SIGINT, lambda signum, frame: interrupted.append(signum))
-    server = Server(model, cfg, served, decode=tokenizer.decode, eos_id=tokenizer.eos_id)
+    server = Server(
+        model,
+        cfg,
+        served,
+        decode=tokenizer.decode,
+        eos_id=tokenizer.eos_id,
+        vocab=tokenizer.vocab_size,
+    )
     server.start()
     reads = f", with {images.tokens} tokens per image" if images else ""
     log(f"serving on {server.endpoint}/v1: model {served.name!r} (OpenAI API{reads})")
