@@ -87,11 +87,17 @@ def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind
 
 
 def validate_serve(cfg: trainer_config_pb2.TrainerConfig) -> None:
-    """#15: the KV-cache pool can hold one request of the model's full length."""
-    s, m = cfg.serve, cfg.model
+    """#15: the KV-cache pool can hold one request of the model's full length (the config's
+    here; the serve job checks its checkpoint's again at start-up: `check_serve_pool`)."""
+    check_serve_pool(cfg.serve, cfg.model.max_seq_len, "model.max_seq_len")
+
+
+def check_serve_pool(s: trainer_config_pb2.ServeConfig, max_len: int, source: str) -> None:
+    """The pool of `s` holds one request of `max_len` positions (`source`: where that length
+    comes from); else a request of the model's full context could never finish (#36)."""
     check(
-        s.num_blocks * s.block_size >= m.max_seq_len,
+        s.num_blocks * s.block_size >= max_len,
         "trainer.serve.num_blocks",
         f"{s.num_blocks} blocks of {s.block_size} tokens cannot hold one request of "
-        f"model.max_seq_len {m.max_seq_len} tokens: a request could never finish",
+        f"{source} {max_len} tokens: a request could never finish",
     )

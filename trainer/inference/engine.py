@@ -101,6 +101,40 @@ class Request:
         return self.prompt + self.output
 
 
+class RequestTooLarge(ValueError):
+    """A request the engine could never finish; `field` names the request's field that is too
+    large (the serve API's 400 names it)."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def check_fits(
+    prompt_tokens: int,
+    max_tokens: int,
+    max_len: int,
+    cfg: trainer_config_pb2.ServeConfig,
+    prompt_field: str = "prompt",
+) -> None:
+    """Raises RequestTooLarge unless a request fits the model's context and, at its longest
+    (prompt + max_tokens, or the context), the KV-cache pool. One that does not fit the pool
+    would take every block, be preempted, be recomputed, and never finish, holding back every
+    other request (#36): it is refused at admission instead."""
+    if prompt_tokens >= max_len:
+        problem = f"{prompt_tokens} tokens; the model's context is {max_len}: no room to generate"
+        raise RequestTooLarge(prompt_field, f"{prompt_field}: {problem}")
+    pool = cfg.num_blocks * cfg.block_size
+    if min(prompt_tokens + max_tokens, max_len) > pool:
+        field = prompt_field if prompt_tokens >= pool else "max_tokens"
+        raise RequestTooLarge(
+            field,
+            f"{field}: max_tokens {max_tokens} plus the {prompt_field}'s {prompt_tokens} tokens "
+            f"exceed the KV-cache pool of {pool} positions (serve.num_blocks {cfg.num_blocks} x "
+            f"serve.block_size {cfg.block_size})",
+        )
+
+
 class Output(NamedTuple):
     """What one step produced for one request: new text (may be empty while a multi-byte
     character or a possible stop string is incomplete), and the reason when it finished. A
@@ -149,9 +183,8 @@ class Engine:
         self._pending: list[Output] = []  # outputs of requests ended between steps (aborts)
 
     def add(self, request: Request) -> None:
-        """Queues a request; the caller checked that prompt + 1 token fits `max_len`."""
-        if len(request.prompt) >= self.max_len:
-            raise ValueError(f"prompt of {len(request.prompt)} tokens: no room to generate")
+        """Queues a request; RequestTooLarge (check_fits) if it could never finish."""
+        check_fits(len(request.prompt), request.params.max_tokens, self.max_len, self.cfg)
         if request.image is not None and self.embed_images is None:
             raise ValueError("an image for a text model")
         seed = request.params.seed

@@ -8,7 +8,13 @@ import pytest
 import torch
 
 from trainer.generate import generate
-from trainer.inference.engine import Engine, FinishReason, Request, SamplingParams
+from trainer.inference.engine import (
+    Engine,
+    FinishReason,
+    Request,
+    RequestTooLarge,
+    SamplingParams,
+)
 from trainer.inference.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache
 from trainer.inference.testing import (
     BOS,
@@ -210,3 +216,18 @@ def test_logprobs_are_the_full_forwards_log_softmax_of_each_sampled_token(model)
     want = logp[len(prompt) - 1 : -1].gather(1, ids[0, len(prompt) :, None])[:, 0]
     assert len(request.logprobs) == len(request.output)
     torch.testing.assert_close(torch.tensor(request.logprobs), want, rtol=0, atol=1e-5)
+
+
+def test_a_request_longer_than_the_pool_is_refused_naming_the_field(model):
+    """#36: 32 pool positions; a request of 10 + 30 tokens could never finish."""
+    engine = make_engine(model, num_blocks=8, block_size=4)
+    with pytest.raises(RequestTooLarge, match="max_tokens: max_tokens 30 plus") as e:
+        engine.add(greedy(list(range(10)), 0, max_tokens=30))
+    assert e.value.field == "max_tokens" and not engine.has_work()
+    with pytest.raises(RequestTooLarge) as e:
+        engine.add(greedy(list(range(40)), 1, max_tokens=1))
+    assert e.value.field == "prompt"
+    ps = prompts(6, seed=9)  # each fits alone: all finish, preempting one another
+    got = run_all(engine, [greedy(p[:12], i, max_tokens=20) for i, p in enumerate(ps)])
+    for i, p in enumerate(ps):
+        assert got[f"r{i}"] == reference(model, p[:12], 20), f"request {i}"

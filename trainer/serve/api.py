@@ -25,7 +25,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from trainer.inference.engine import IMAGE_PLACEHOLDER, Output, SamplingParams
+from trainer.inference.engine import (
+    IMAGE_PLACEHOLDER,
+    Output,
+    RequestTooLarge,
+    SamplingParams,
+    check_fits,
+)
 from trainer.inference.engine import Request as EngineRequest
 from trainer.serve.images import (
     ImageInputError,
@@ -255,6 +261,10 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
                 f"the model's context of {model.max_len}"
             )
             raise ApiError(400, problem, "max_tokens")
+        try:  # the KV-cache pool, too: a request it cannot hold would never finish (#36)
+            check_fits(len(prompt), max_tokens, model.max_len, runner.cfg, field)
+        except RequestTooLarge as e:
+            raise ApiError(400, str(e), e.field) from None
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         params = SamplingParams(
             max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop

@@ -12,10 +12,12 @@ import openai
 import pytest
 import torch
 
+from protos.config_yaml import ConfigError
 from trainer.generate import generate
-from trainer.inference.testing import BOS, EOS, VOCAB, decode, encode, tiny_model
+from trainer.inference.testing import BOS, EOS, VOCAB, decode, encode, serve_config, tiny_model
 from trainer.serve.engine_process import dumps
 from trainer.serve.runner import Latency
+from trainer.serve.server import serve
 from trainer.serve.testing import start_server
 
 torch.set_num_threads(1)  # tiny ops: several threads only spin on a shared machine
@@ -313,3 +315,31 @@ def test_an_engine_process_that_dies_ends_open_requests_and_refuses_new_ones(mod
         assert status == 503 and "exited with code -9" in body["error"]["message"]
     finally:
         assert not server.stop()  # the engine's requests did not all finish
+
+
+def test_a_request_the_kv_pool_cannot_hold_is_a_400_and_others_are_served(model):
+    """#36: 8 blocks of 4 tokens (32 positions) under a 128-token context. A request longer
+    than the pool would take every block, be preempted and recomputed forever, holding back
+    everyone: it is refused, naming the field, and a request that fits is served."""
+    server = start_server(model, num_blocks=8, block_size=4)
+    try:
+        body = {"model": "tiny", "prompt": "x" * 10, "max_tokens": 40, "temperature": 0}
+        status, reply = post(server, "/v1/completions", body)
+        assert status == 400 and reply["error"]["param"] == "max_tokens", reply
+        assert "KV-cache pool of 32 positions" in reply["error"]["message"]
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 40}]}
+        status, reply = post(server, "/v1/chat/completions", {**chat, "max_tokens": 2})
+        assert status == 400 and reply["error"]["param"] == "messages", reply
+        status, reply = post(server, "/v1/completions", {**body, "max_tokens": 21})
+        assert status == 200 and reply["usage"]["total_tokens"] <= 32
+        assert reply["choices"][0]["text"] == greedy_text(model, "x" * 10, 21)
+    finally:
+        assert server.stop()
+
+
+def test_the_serve_job_refuses_a_pool_smaller_than_the_checkpoints_context(model):
+    """#36: the start-up check reads the checkpoint's context (`max_len`), not the config's."""
+    cfg = serve_config(num_blocks=4, block_size=16)  # 64 positions for a 128-token checkpoint
+    with pytest.raises(ConfigError, match="the checkpoint's context 128") as e:
+        serve(model, None, MAX_LEN, cfg, None, print, None)  # type: ignore[arg-type]
+    assert e.value.field == "trainer.serve.num_blocks"

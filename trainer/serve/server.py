@@ -22,6 +22,7 @@ import uvicorn
 
 from protos import attempt_pb2, progress_pb2, trainer_config_pb2
 from protos.exit_codes import ExitCode
+from protos.validation_kinds import check_serve_pool
 from trainer.data.tokenizer import Tokenizer
 from trainer.jobs.context import install_sigterm_handler
 from trainer.model import Transformer
@@ -132,6 +133,9 @@ def serve(
     """The `serve` job: serves `model` until SIGTERM or the launcher's stop, reporting a
     heartbeat to `client` (a ProgressClient, or None run by hand). `cfg` has its defaults.
     `images`: a VLM's image input (`model` is then its language model)."""
+    # The checkpoint's context, not the config's (#36): a pool smaller than it is refused
+    # before anything starts, naming serve.num_blocks.
+    check_serve_pool(cfg, max_len, "the checkpoint's context")
     served = ServedModel(
         name=cfg.model_name or attempt.spec.name,
         encode=tokenizer.encode,
