@@ -190,6 +190,8 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "max_running": Field(64, 1, 1 << 16),
         "max_waiting": Field(256, 0, 1 << 20),
         "heartbeat_seconds": Field(5.0, 0, 3600, low_open=True),
+        "prefix_caching": Field(True),
+        "chunked_prefill": Field(True),
     },
 }
 

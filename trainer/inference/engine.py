@@ -8,11 +8,26 @@ generation tasks and RL rollouts. It reads the model's live parameters: nothing 
 aborted): the batch never waits for its slowest member, unlike a static batch.
 
 Each step spends at most `max_batch_tokens`: every decoding request first (one token each),
-then prefill, in chunks, of requests still reading their prompt, then new admissions. A request
-takes KV-cache blocks only as it grows. When a decoding request needs a block and none is
-free, the newest running request is preempted: its blocks are freed and it goes back to the
-front of the queue, to be recomputed (prompt + what it generated so far, as a prefill) when
-blocks free up. Nothing is dropped; its generated tokens and its sampler's state are kept.
+then prefill, in chunks, of requests still reading their prompt, then new admissions: a long
+prompt arriving never stalls the running streams (serve.chunked_prefill; off, a prompt is
+prefilled in one piece, past the budget if it must, and the streams wait for that step). A
+request takes KV-cache blocks only as it grows.
+
+With serve.prefix_caching, a request admitted first takes the cached blocks of the longest
+prefix of its tokens it shares with earlier requests (kv_cache.py: content-addressed full
+blocks, reference counts, least recently used evicted) and prefills only the rest; each full
+block it computes is named for the next. Its keys and values are the ones it would compute
+(the same model on the same tokens, up to float rounding), so its output is the same.
+`cached_tokens` counts the prompt tokens it read from the cache at its first admission (the
+API's usage.prompt_tokens_details.cached_tokens); a recompute after preemption reuses its own
+blocks too when they are still cached.
+
+When a decoding request needs a block and none is free, the newest running request is
+preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
+(prompt + what it generated so far, as a prefill) when blocks free up. Nothing is dropped; its
+generated tokens and its sampler's state are kept. A request that could never finish is
+refused at `add` (admission.py): the context and the pool must hold it at its longest, so
+every admitted request can run alone to its end, and none holds the queue back forever.
 
 A served VLM's request carries an image (#16): the step that first schedules it runs the
 encoder over every new image in one batch, and the projected vectors fill the request's first
@@ -26,6 +41,7 @@ is in the batch); with `logprobs`, each sampled token's log-probability at tempe
 """
 
 import enum
+import hashlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -35,7 +51,9 @@ from typing import NamedTuple
 import torch
 
 from protos import trainer_config_pb2
-from trainer.inference.kv_cache import PagedKVCache
+from trainer.inference.admission import check_fits
+from trainer.inference.detokenize import detokenize, stop_strings
+from trainer.inference.kv_cache import PagedKVCache, block_hashes
 from trainer.inference.paged_model import Run, forward_step
 from trainer.inference.sampling import argmax_rows, sample, token_logprobs
 from trainer.model import Transformer
@@ -84,6 +102,10 @@ class Request:
     finish: FinishReason | None = None
     generator: torch.Generator | None = None
     preemptions: int = 0
+    cached_tokens: int | None = None  # prompt tokens read from the prefix cache, once admitted
+    block_names: list[bytes] = field(default_factory=list)  # hashes of its full blocks
+    named: int = 0  # blocks of `table` registered under their name
+    root: bytes = b""  # its image's digest: the first block's name depends on the image
     # A VLM's image, (S, S, 3) uint8, read at the first positions of `prompt` (their ids are
     # IMAGE_PLACEHOLDER), and its projected tokens once encoded: kept
     # across a preemption, so a recompute prefills the same vectors without the encoder.
@@ -101,40 +123,6 @@ class Request:
         return self.prompt + self.output
 
 
-class RequestTooLarge(ValueError):
-    """A request the engine could never finish; `field` names the request's field that is too
-    large (the serve API's 400 names it)."""
-
-    def __init__(self, field: str, message: str):
-        super().__init__(message)
-        self.field = field
-
-
-def check_fits(
-    prompt_tokens: int,
-    max_tokens: int,
-    max_len: int,
-    cfg: trainer_config_pb2.ServeConfig,
-    prompt_field: str = "prompt",
-) -> None:
-    """Raises RequestTooLarge unless a request fits the model's context and, at its longest
-    (prompt + max_tokens, or the context), the KV-cache pool. One that does not fit the pool
-    would take every block, be preempted, be recomputed, and never finish, holding back every
-    other request (#36): it is refused at admission instead."""
-    if prompt_tokens >= max_len:
-        problem = f"{prompt_tokens} tokens; the model's context is {max_len}: no room to generate"
-        raise RequestTooLarge(prompt_field, f"{prompt_field}: {problem}")
-    pool = cfg.num_blocks * cfg.block_size
-    if min(prompt_tokens + max_tokens, max_len) > pool:
-        field = prompt_field if prompt_tokens >= pool else "max_tokens"
-        raise RequestTooLarge(
-            field,
-            f"{field}: max_tokens {max_tokens} plus the {prompt_field}'s {prompt_tokens} tokens "
-            f"exceed the KV-cache pool of {pool} positions (serve.num_blocks {cfg.num_blocks} x "
-            f"serve.block_size {cfg.block_size})",
-        )
-
-
 class Output(NamedTuple):
     """What one step produced for one request: new text (may be empty while a multi-byte
     character or a possible stop string is incomplete), and the reason when it finished. A
@@ -145,6 +133,7 @@ class Output(NamedTuple):
     text: str
     token_ids: list[int]
     finish: FinishReason | None
+    cached_tokens: int = 0  # the request's prompt tokens read from the prefix cache
 
 
 class Engine:
@@ -174,12 +163,15 @@ class Engine:
             cfg.block_size,
             p.device,
             p.dtype,
+            caching=cfg.prefix_caching,
         )
         self.device = p.device
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
         self.finished = 0
+        self.prompt_tokens = 0  # admitted since the start, and of those read from the cache
+        self.cached_tokens = 0
         self._pending: list[Output] = []  # outputs of requests ended between steps (aborts)
 
     def add(self, request: Request) -> None:
@@ -187,6 +179,8 @@ class Engine:
         check_fits(len(request.prompt), request.params.max_tokens, self.max_len, self.cfg)
         if request.image is not None and self.embed_images is None:
             raise ValueError("an image for a text model")
+        if request.image is not None:
+            request.root = hashlib.sha256(request.image.cpu().numpy().tobytes()).digest()
         seed = request.params.seed
         gen = torch.Generator(device=self.device)
         request.generator = gen.manual_seed(seed) if seed is not None else gen
@@ -222,6 +216,7 @@ class Engine:
         ready = []  # (row of logits, request) of the requests whose whole context is read
         for i, (r, n) in enumerate(scheduled):
             r.computed += n
+            self._name_blocks(r)
             if r.computed == r.length:  # else a prefill chunk: the prompt is not all read yet
                 ready.append((i, r))
         tokens = self._sample(logits, ready)
@@ -291,19 +286,25 @@ class Engine:
         for r in self.running:
             left = r.length - r.computed
             if left > 1 and budget > 0:
-                n = self._chunk(r, min(left, budget))
+                n = self._chunk(r, left, budget)
                 if n:
                     scheduled.append((r, n))
                     budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_running:
             r = self.waiting[0]
-            n = self._chunk(r, min(r.length - r.computed, budget))
+            self._reuse_prefix(r)
+            n = self._chunk(r, r.length - r.computed, budget)
             if not n:
+                self._release(r)  # the cached blocks too: nothing is held while waiting
                 break  # no free block: it waits for one (admission never preempts)
             self.waiting.popleft()
             self.running.append(r)
             scheduled.append((r, n))
             budget -= n
+            if r.cached_tokens is None:  # its first admission
+                r.cached_tokens = r.computed
+                self.prompt_tokens += len(r.prompt)
+                self.cached_tokens += r.computed
         if not scheduled and self.running:  # every running request waits for a block
             self._preempt(self.running[-1])
             return self._schedule()
@@ -318,19 +319,46 @@ class Engine:
         self.cache.grow(r.table, r.computed + n)
         return True
 
-    def _chunk(self, r: Request, n: int) -> int:
-        """The most of r's next n tokens whose blocks are free (0: none), blocks taken."""
+    def _chunk(self, r: Request, left: int, budget: int) -> int:
+        """How many of r's `left` prompt tokens to prefill now, their blocks taken (0: none):
+        as many as the budget and the free blocks allow, or without chunked prefill all of
+        them or none."""
         free_positions = (len(r.table) + self.cache.allocator.free) * self.cache.block_size
+        n = min(left, budget) if self.cfg.chunked_prefill else left
         n = min(n, free_positions - r.computed)
-        if n <= 0:
+        if n <= 0 or (n < left and not self.cfg.chunked_prefill):
             return 0
         self.cache.grow(r.table, r.computed + n)
         return n
 
+    def _reuse_prefix(self, r: Request) -> None:
+        """A request about to be admitted takes the cached blocks of its longest cached prefix
+        (full blocks, leaving at least its last token to compute: its logits are needed)."""
+        if not self.cfg.prefix_caching or r.table:
+            return
+        full = (r.length - 1) // self.cache.block_size
+        names = block_hashes(r.tokens, self.cache.block_size, full, r.block_names, r.root)
+        r.table = self.cache.allocator.lookup(names[:full])
+        r.named = len(r.table)
+        r.computed = r.named * self.cache.block_size
+
+    def _name_blocks(self, r: Request) -> None:
+        """Registers the blocks r has filled since the last step under their names."""
+        full = r.computed // self.cache.block_size
+        if not self.cfg.prefix_caching or full <= r.named:
+            return
+        block_hashes(r.tokens, self.cache.block_size, full, r.block_names, r.root)
+        for i in range(r.named, full):
+            self.cache.allocator.register(r.table[i], r.block_names[i])
+        r.named = full
+
+    def _release(self, r: Request) -> None:
+        self.cache.release(r.table)
+        r.computed = r.named = 0
+
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
-        self.cache.release(r.table)
-        r.computed = 0
+        self._release(r)
         r.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(r)
@@ -345,53 +373,21 @@ class Engine:
             finish = FinishReason.LENGTH
         searched = len(r.text)
         # The stop token ends the ids; it never shows in the text.
-        self._detokenize(r, final=finish is not None, end=len(r.output) - stopped)
+        detokenize(r, self.decode, final=finish is not None, end=len(r.output) - stopped)
         ready = len(r.text)
         if p.stop:
-            ready, finish = _stop_strings(r, p.stop, searched, finish)
+            ready, found = stop_strings(r, p.stop, searched, finish is not None)
+            finish = FinishReason.STOP if found else finish
         delta, r.sent = r.text[r.sent : max(ready, r.sent)], max(ready, r.sent)
         if finish is not None:
             self._end(r, finish)
-        return Output(r.id, delta, [token], finish)
-
-    def _detokenize(self, r: Request, final: bool, end: int) -> None:
-        """Extends r.text with its new tokens' text, decoding only the tokens since the last
-        complete character plus the ones before them (vLLM's incremental detokenization):
-        decoding the whole output every token costs O(length) per token. Text that ends in
-        half a character (U+FFFD) waits for the next token, unless this is the last one."""
-        window = r.output[r.decoded_from : end]
-        before = self.decode(window[: r.decoded_to - r.decoded_from])
-        text = self.decode(window)
-        if len(text) > len(before) and (final or not text.endswith("\ufffd")):
-            r.text += text[len(before) :]
-            r.decoded_from, r.decoded_to = r.decoded_to, end
+        return Output(r.id, delta, [token], finish, r.cached_tokens or 0)
 
     def _end(self, r: Request, finish: FinishReason) -> None:
         r.finish = finish
         r.image_embeds = None
-        self.cache.release(r.table)
+        self._release(r)
         self.finished += 1
-
-
-def _stop_strings(
-    r: Request, stop: tuple[str, ...], searched: int, finish: FinishReason | None
-) -> tuple[int, FinishReason | None]:
-    """Cuts r.text at the first stop string (it finishes the request), else holds back what
-    may be the start of one: (characters of r.text ready to send, finish). `searched`: the
-    length of r.text before this token; a stop string not found before must end after it."""
-    found = (r.text.find(s, max(0, searched - len(s) + 1)) for s in stop)
-    cut = min((i for i in found if i >= 0), default=-1)
-    if cut >= 0:
-        r.text = r.text[:cut]
-        return cut, FinishReason.STOP
-    ready = len(r.text)
-    if finish is None:
-        for s in stop:
-            for k in range(min(len(s) - 1, ready), 0, -1):
-                if r.text.endswith(s[:k]):
-                    ready -= k
-                    break
-    return ready, finish
 
 
 def _image_run(r: Request, n: int) -> torch.Tensor | None:

@@ -8,13 +8,8 @@ import pytest
 import torch
 
 from trainer.generate import generate
-from trainer.inference.engine import (
-    Engine,
-    FinishReason,
-    Request,
-    RequestTooLarge,
-    SamplingParams,
-)
+from trainer.inference.admission import RequestTooLarge
+from trainer.inference.engine import Engine, FinishReason, Request, SamplingParams
 from trainer.inference.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache
 from trainer.inference.testing import (
     BOS,

@@ -25,13 +25,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
 
-from trainer.inference.engine import (
-    IMAGE_PLACEHOLDER,
-    Output,
-    RequestTooLarge,
-    SamplingParams,
-    check_fits,
-)
+from trainer.inference.admission import RequestTooLarge, check_fits
+from trainer.inference.engine import IMAGE_PLACEHOLDER, Output, SamplingParams
 from trainer.inference.engine import Request as EngineRequest
 from trainer.serve.images import (
     ImageInputError,
@@ -324,17 +319,20 @@ class _Reply:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "choices": [choice]}  # fmt: skip
 
-    def usage(self, completion_tokens: int) -> dict:
+    def usage(self, completion_tokens: int, cached_tokens: int) -> dict:
+        """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the
+        engine's prefix cache held (read, not computed)."""
         usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens}
-        return {**usage, "total_tokens": self.prompt_tokens + completion_tokens}
+        details = {"prompt_tokens_details": {"cached_tokens": cached_tokens}}
+        return {**usage, "total_tokens": self.prompt_tokens + completion_tokens, **details}
 
-    def whole(self, text: str, finish: str, completion_tokens: int) -> dict:
+    def whole(self, text: str, finish: str, completion_tokens: int, cached: int) -> dict:
         out = self.chunk(text, finish)
         if self.chat:
             message = {"role": "assistant", "content": text}
             out["choices"] = [{"index": 0, "message": message, "finish_reason": finish}]
             out["object"] = "chat.completion"
-        out["usage"] = self.usage(completion_tokens)
+        out["usage"] = self.usage(completion_tokens, cached)
         return out
 
 
@@ -343,7 +341,7 @@ async def _stream(
 ) -> AsyncIterator[str]:
     """Server-sent events; a client that goes away cancels this generator, and so its
     request (finally: abort frees its KV blocks). `usage`: a last chunk with token counts."""
-    finished, tokens = False, 0
+    finished, tokens, cached = False, 0, 0
     try:
         if reply.chat:
             yield f"data: {json.dumps(reply.chunk('', None, first=True))}\n\n"
@@ -356,11 +354,16 @@ async def _stream(
                 if out.finish is not None:
                     chunk = reply.chunk(out.text, out.finish.value)
                     events.append(f"data: {json.dumps(chunk)}\n\n")
+                    cached = out.cached_tokens
                 elif out.text:
                     events.append(reply.text_event(out.text))
             if finished:
                 if usage:
-                    last = {**reply.chunk("", None), "choices": [], "usage": reply.usage(tokens)}
+                    last = {
+                        **reply.chunk("", None),
+                        "choices": [],
+                        "usage": reply.usage(tokens, cached),
+                    }
                     events.append(f"data: {json.dumps(last)}\n\n")
                 events.append("data: [DONE]\n\n")
             if events:
@@ -384,4 +387,4 @@ async def _whole(reply: _Reply, outputs: _Outputs, runner: EngineRunner, request
         for out in outs:
             text, tokens = text + out.text, tokens + len(out.token_ids)
             if out.finish is not None:
-                return reply.whole(text, out.finish.value, tokens)
+                return reply.whole(text, out.finish.value, tokens, out.cached_tokens)

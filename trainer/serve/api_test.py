@@ -343,3 +343,38 @@ def test_the_serve_job_refuses_a_pool_smaller_than_the_checkpoints_context(model
     with pytest.raises(ConfigError, match="the checkpoint's context 128") as e:
         serve(model, None, MAX_LEN, cfg, None, print, None)  # type: ignore[arg-type]
     assert e.value.field == "trainer.serve.num_blocks"
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens_in_usage_and_metrics(client, server):
+    """Prefix caching: the second request with a 40-token prompt finds its first two full
+    blocks (16 tokens each) in the cache; the last block is partial, so it is computed."""
+
+    def cached_total() -> float:
+        for line in http_get_text(server, "/metrics").splitlines():
+            if line.startswith("kitchen_serve_prefix_cached_tokens_total{"):
+                return float(line.split()[-1])
+        raise AssertionError("no kitchen_serve_prefix_cached_tokens_total")
+
+    prompt = "the same system prompt, then a question"  # 39 characters + BOS: 40 tokens
+    before = cached_total()
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
+    again = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens == again.usage.prompt_tokens == 40
+    assert again.usage.prompt_tokens_details.cached_tokens == 32
+    assert again.choices[0].text == first.choices[0].text
+    stream = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [c.usage for c in stream if c.usage][0]
+    assert usage.prompt_tokens_details.cached_tokens == 32
+    deadline = time.monotonic() + 5  # the gauges follow the engine's next report
+    while cached_total() - before < 64 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cached_total() - before == 64
+    beat = server.heartbeat("j1", 1)
+    assert beat.prefix_cached_tokens >= 64 and beat.prompt_tokens >= 120

@@ -107,6 +107,18 @@ class ServeMetrics:
         self.waiting = gauge("kitchen_serve_num_requests_waiting", "Requests queued.")
         self.blocks_used = gauge("kitchen_serve_kv_cache_blocks_used", "KV-cache blocks held.")
         self.blocks_free = gauge("kitchen_serve_kv_cache_blocks_free", "KV-cache blocks free.")
+        self.blocks_shared = gauge(
+            "kitchen_serve_kv_cache_blocks_shared",
+            "KV-cache blocks held by more than one request (shared prefixes).",
+        )
+        # The prefix cache's hit rate is cached / prompt tokens (vLLM's prefix_cache_hits /
+        # prefix_cache_queries, in tokens).
+        self.cached_tokens = Counter(
+            "kitchen_serve_prefix_cached_tokens",
+            "Prompt tokens read from the prefix cache instead of computed.",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
         self._values = values
 
     def ended(self, reason: str) -> None:

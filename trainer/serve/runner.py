@@ -99,6 +99,7 @@ class EngineRunner:
         self.failed = ""  # why the server can no longer answer ("": it can)
         self.stats = EngineStats(0, 0, 0, self.cfg.num_blocks, 0, 0, 0)
         self._preemptions_seen = 0
+        self._cached_seen = 0
         self.generated = 0  # tokens generated so far (the heartbeat's throughput)
         self._ttft: list[float] = []  # since the last `window_latency`
         self._itl: list[float] = []
@@ -235,6 +236,9 @@ class EngineRunner:
         s = self.stats = report.stats
         m.preemptions.inc(s.preemptions - self._preemptions_seen)
         self._preemptions_seen = s.preemptions
+        m.cached_tokens.inc(s.cached_tokens - self._cached_seen)
+        self._cached_seen = s.cached_tokens
+        m.blocks_shared.set(s.kv_blocks_shared)
         load = self.load()
         m.running.set(load.running_requests)
         m.waiting.set(load.waiting_requests)
