@@ -37,7 +37,8 @@ One rule for every path: a request stops at the model's end of text (`eos_id`) o
 `stop_token_ids`, and that token is part of its generated ids (an RL sequence is `<bos> prompt
 response <eos>`) but never of its text; sampling is sampling.py's (temperature 0 greedy, top-k,
 top-p, a generator per request seeded by its own seed, so its draws do not depend on what else
-is in the batch); with `logprobs`, each sampled token's log-probability at temperature 1.
+is in the batch); with `logprobs`, each sampled token's log-probability at temperature 1 (and
+its `top_logprobs` most likely alternatives').
 """
 
 import enum
@@ -55,7 +56,7 @@ from trainer.inference.admission import check_fits
 from trainer.inference.detokenize import detokenize, stop_strings
 from trainer.inference.kv_cache import PagedKVCache, block_hashes
 from trainer.inference.paged_model import Run, forward_step
-from trainer.inference.sampling import argmax_rows, sample, token_logprobs
+from trainer.inference.sampling import TopLogprobs, argmax_rows, sample, token_logprobs
 from trainer.model import Transformer
 
 # The token id at an image's positions of a request's token list: any valid id, its embedding
@@ -73,7 +74,8 @@ class FinishReason(enum.Enum):
 class SamplingParams:
     """Per request: temperature 0 is greedy; top_k 0 and top_p 1 disable those filters; a
     seed makes the draws reproducible; `stop_token_ids` end it as the model's end of text
-    does; `logprobs` keeps each sampled token's log-probability (sampling.py)."""
+    does; `logprobs` keeps each sampled token's log-probability (sampling.py), and with
+    `top_logprobs` those of that many most likely tokens at its position."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -83,6 +85,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
+    top_logprobs: int = 0  # with logprobs
 
 
 @dataclass(eq=False)  # compared by identity: the queues look requests up often
@@ -93,6 +96,7 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # of each output token, when asked
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # per output token, too
     text: str = ""  # decoded output, up to a stop string
     sent: int = 0  # characters of `text` already handed out
     decoded_from: int = 0  # incremental detokenization: output[decoded_from:decoded_to] is
@@ -134,6 +138,8 @@ class Output(NamedTuple):
     token_ids: list[int]
     finish: FinishReason | None
     cached_tokens: int = 0  # the request's prompt tokens read from the prefix cache
+    # With params.logprobs: the token's log-probability and its top_logprobs alternatives.
+    logprobs: tuple[float, TopLogprobs] | None = None
 
 
 class Engine:
@@ -223,9 +229,11 @@ class Engine:
         scored = [k for k, (_, r) in enumerate(ready) if r.params.logprobs]
         if scored:
             rows = logits[[ready[k][0] for k in scored]]
-            logps = token_logprobs(rows, [tokens[k] for k in scored])
-            for k, lp in zip(scored, logps, strict=True):
+            top = [ready[k][1].params.top_logprobs for k in scored]
+            logps, tops = token_logprobs(rows, [tokens[k] for k in scored], top)
+            for k, lp, alternatives in zip(scored, logps, tops, strict=True):
                 ready[k][1].logprobs.append(lp)
+                ready[k][1].top_logprobs.append(alternatives)
         for (_, r), token in zip(ready, tokens, strict=True):
             outputs.append(self._append(r, token))
         if any(r.finish is not None for r in self.running):
@@ -381,7 +389,8 @@ class Engine:
         delta, r.sent = r.text[r.sent : max(ready, r.sent)], max(ready, r.sent)
         if finish is not None:
             self._end(r, finish)
-        return Output(r.id, delta, [token], finish, r.cached_tokens or 0)
+        scored = (r.logprobs[-1], r.top_logprobs[-1]) if p.logprobs else None
+        return Output(r.id, delta, [token], finish, r.cached_tokens or 0, scored)
 
     def _end(self, r: Request, finish: FinishReason) -> None:
         r.finish = finish

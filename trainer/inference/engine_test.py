@@ -200,17 +200,34 @@ def test_a_stop_token_ends_the_ids_with_it_and_never_shows_in_the_text(model):
 
 
 def test_logprobs_are_the_full_forwards_log_softmax_of_each_sampled_token(model):
+    """Each sampled token's log-probability, and its top 3 alternatives, are the trainer's
+    model forward's log_softmax at that position (temperature 1), in the request and in its
+    outputs, whatever temperature and filters drew it."""
     prompt = prompts(1, seed=6)[0]
-    params = SamplingParams(max_tokens=12, temperature=0.7, top_k=10, seed=1, logprobs=True)
+    params = SamplingParams(
+        max_tokens=12, temperature=0.7, top_k=10, seed=1, logprobs=True, top_logprobs=3
+    )
     engine = make_engine(model)
     request = Request("r", prompt, params)
-    run_all(engine, [request, *(greedy(p, i + 1) for i, p in enumerate(prompts(3, seed=7)))])
+    for r in [request, *(greedy(p, i + 1) for i, p in enumerate(prompts(3, seed=7)))]:
+        engine.add(r)
+    outputs = []
+    while engine.has_work():
+        outputs += [o for o in engine.step() if o.request_id == "r"]
     ids = torch.tensor([prompt + request.output])
     with torch.no_grad():
         logp = model(ids, torch.arange(ids.shape[1])[None])[0].log_softmax(-1)
-    want = logp[len(prompt) - 1 : -1].gather(1, ids[0, len(prompt) :, None])[:, 0]
+    logp = logp[len(prompt) - 1 : -1]
+    want = logp.gather(1, ids[0, len(prompt) :, None])[:, 0]
     assert len(request.logprobs) == len(request.output)
     torch.testing.assert_close(torch.tensor(request.logprobs), want, rtol=0, atol=1e-5)
+    top_values, top_ids = logp.topk(3, dim=-1)
+    assert [[i for i, _ in t] for t in request.top_logprobs] == top_ids.tolist()
+    got_values = torch.tensor([[v for _, v in t] for t in request.top_logprobs])
+    torch.testing.assert_close(got_values, top_values, rtol=0, atol=1e-5)
+    assert [o.logprobs for o in outputs] == list(
+        zip(request.logprobs, request.top_logprobs, strict=True)
+    )
 
 
 def test_a_request_longer_than_the_pool_is_refused_naming_the_field(model):

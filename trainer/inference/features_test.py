@@ -1,6 +1,7 @@
 """#35's interaction test: every combination of the engine's serving features (prefix caching,
 chunked prefill, preemption forced by a small pool) gives the plain engine's answers (none of
-them, a pool that holds everything), greedy and seeded, with the same logprobs.
+them, a pool that holds everything), greedy and seeded, with the same logprobs and top
+alternatives.
 
 The model is inference/testing.py's tiny one, weights spread wide so that its next token is
 decided by the model and depends on the context (checked below: a cache that handed a request
@@ -37,12 +38,15 @@ def first_wave() -> list[list[int]]:
 
 def params(i: int) -> SamplingParams:
     if i % 2:
-        return SamplingParams(max_tokens=NEW, temperature=0, logprobs=True)
+        return SamplingParams(max_tokens=NEW, temperature=0, logprobs=True, top_logprobs=2)
     return SamplingParams(max_tokens=NEW, temperature=0.9, top_k=20, seed=100 + i, logprobs=True)
 
 
-def run(model, **serve) -> tuple[dict[str, tuple[list[int], list[float]]], Engine]:
-    """Two waves on one engine: the answers (ids, logprobs) of every request by id."""
+Answer = tuple[list[int], list[float], list]  # ids, logprobs, top logprobs
+
+
+def run(model, **serve) -> tuple[dict[str, Answer], Engine]:
+    """Two waves on one engine: the answers of every request by id."""
     engine = Engine(model, serve_config(**serve), decode=decode, eos_id=EOS, max_len=MAX_LEN)
     rng = random.Random(4)
     prompts, got = first_wave(), {}
@@ -52,7 +56,7 @@ def run(model, **serve) -> tuple[dict[str, tuple[list[int], list[float]]], Engin
             engine.add(r)
         while engine.has_work():
             engine.step()
-        got.update({r.id: (r.output, r.logprobs) for r in requests})
+        got.update({r.id: (r.output, r.logprobs, r.top_logprobs) for r in requests})
         prompts = [r.prompt + r.output + [rng.randrange(EOS)] for r in requests]
     return got, engine
 
@@ -88,9 +92,11 @@ def test_every_combination_equals_the_plain_engine(model, plain, prefix, chunked
         block_size=4,
         num_blocks=18 if small_pool else 256,  # 72 positions: one request at its longest
     )
-    for rid, (ids, logprobs) in plain.items():
+    for rid, (ids, logprobs, top) in plain.items():
         assert got[rid][0] == ids, rid
         torch.testing.assert_close(got[rid][1], logprobs, rtol=0, atol=1e-4)
+        assert [[i for i, _ in t] for t in got[rid][2]] == [[i for i, _ in t] for t in top]
+        torch.testing.assert_close(got[rid][2], top, rtol=0, atol=1e-4)
     assert (engine.preemptions > 0) == small_pool
     assert (engine.cached_tokens > 0) == prefix
     assert engine.cache.allocator.used == 0

@@ -1,5 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions (both with
-`stream: true` as server-sent events), /v1/models, /health, /metrics.
+`stream: true` as server-sent events), /v1/models, /health, /metrics. `logprobs` (and chat's
+`top_logprobs`): logprobs.py; usage carries `prompt_tokens_details.cached_tokens`, the prompt
+tokens the prefix cache held.
 
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with `param`
 naming the field: 400 for bad input (malformed JSON included: FastAPI's 422 is turned into
@@ -35,6 +37,7 @@ from trainer.serve.images import (
     content_parts,
     request_image,
 )
+from trainer.serve.logprobs import Logprobs
 from trainer.serve.runner import Draining, EngineRunner, Overloaded
 
 
@@ -64,6 +67,7 @@ class _Sampling(BaseModel):
 
 class CompletionRequest(_Sampling):
     prompt: str
+    logprobs: int | None = Field(default=None, ge=0, le=5)  # that many alternatives (logprobs.py)
 
 
 class Message(BaseModel):
@@ -74,6 +78,8 @@ class Message(BaseModel):
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)  # with logprobs (logprobs.py)
 
 
 def chat_prompt(messages: list[Message]) -> tuple[str, list[ImagePart]]:
@@ -211,14 +217,18 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await _serve(body, body.prompt, "prompt", request, chat=False, images=[])
+        top = body.logprobs
+        return await _serve(body, body.prompt, "prompt", request, False, [], top)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Any:
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs: needs logprobs true", "top_logprobs")
+        top = (body.top_logprobs or 0) if body.logprobs else None
         text, images = chat_prompt(body.messages)
-        return await _serve(body, text, "messages", request, chat=True, images=images)
+        return await _serve(body, text, "messages", request, True, images, top)
 
     async def _serve(
         body: _Sampling,
@@ -227,6 +237,7 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
         request: Request,
         chat: bool,
         images: list[ImagePart],
+        top_logprobs: int | None,  # None: no logprobs
     ) -> Any:
         if body.model != model.name:
             problem = f"model {body.model!r} does not exist: this server serves {model.name!r}"
@@ -262,8 +273,9 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
             raise ApiError(400, str(e), e.field) from None
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         params = SamplingParams(
-            max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop
-        )
+            max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop,
+            logprobs=top_logprobs is not None, top_logprobs=top_logprobs or 0,
+        )  # fmt: skip
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         loop = asyncio.get_running_loop()
         outputs = _Outputs(loop)
@@ -279,6 +291,8 @@ def create_app(model: ServedModel, runner: EngineRunner) -> FastAPI:
         except Draining as e:
             raise ApiError(503, str(e), None, "server_shutting_down") from e
         reply = _Reply(rid, model.name, chat, len(prompt))
+        if top_logprobs is not None:
+            reply.logprobs = Logprobs(runner.decode, chat)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(
@@ -296,6 +310,7 @@ class _Reply:
     chat: bool
     prompt_tokens: int
     created: int = 0
+    logprobs: Logprobs | None = None  # when the request asked for them
 
     def __post_init__(self):
         self.created = int(time.time())
@@ -308,13 +323,17 @@ class _Reply:
         """The server-sent event of a chunk with `text` and no finish reason."""
         return f"data: {self._head}{json.dumps(text)}{self._tail}\n\n"
 
-    def chunk(self, text: str, finish: str | None, first: bool = False) -> dict:
+    def chunk(
+        self, text: str, finish: str | None, first: bool = False, logprobs: dict | None = None
+    ) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             choice = {"index": 0, "delta": delta if text or first else {}, "finish_reason": finish}
             kind = "chat.completion.chunk"
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
         else:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
             kind = "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "choices": [choice]}  # fmt: skip
@@ -327,10 +346,12 @@ class _Reply:
         return {**usage, "total_tokens": self.prompt_tokens + completion_tokens, **details}
 
     def whole(self, text: str, finish: str, completion_tokens: int, cached: int) -> dict:
-        out = self.chunk(text, finish)
+        logprobs = self.logprobs.whole() if self.logprobs is not None else None
+        out = self.chunk(text, finish, logprobs=logprobs)
         if self.chat:
             message = {"role": "assistant", "content": text}
-            out["choices"] = [{"index": 0, "message": message, "finish_reason": finish}]
+            choice = {"index": 0, "message": message, "finish_reason": finish}
+            out["choices"] = [{**choice, "logprobs": logprobs}]
             out["object"] = "chat.completion"
         out["usage"] = self.usage(completion_tokens, cached)
         return out
@@ -351,8 +372,11 @@ async def _stream(
             events = []
             for out in await outputs.take():
                 finished, tokens = out.finish is not None, tokens + len(out.token_ids)
-                if out.finish is not None:
-                    chunk = reply.chunk(out.text, out.finish.value)
+                # Each token's logprobs in the chunk of its output, even one with no text yet.
+                scored = reply.logprobs.of(out) if reply.logprobs is not None else None
+                if out.finish is not None or scored is not None:
+                    finish = out.finish.value if out.finish is not None else None
+                    chunk = reply.chunk(out.text, finish, logprobs=scored)
                     events.append(f"data: {json.dumps(chunk)}\n\n")
                     cached = out.cached_tokens
                 elif out.text:
@@ -386,5 +410,7 @@ async def _whole(reply: _Reply, outputs: _Outputs, runner: EngineRunner, request
             continue
         for out in outs:
             text, tokens = text + out.text, tokens + len(out.token_ids)
+            if reply.logprobs is not None:
+                reply.logprobs.of(out)
             if out.finish is not None:
                 return reply.whole(text, out.finish.value, tokens, out.cached_tokens)

@@ -378,3 +378,58 @@ def test_a_repeated_prompt_reports_its_cached_tokens_in_usage_and_metrics(client
     assert cached_total() - before == 64
     beat = server.heartbeat("j1", 1)
     assert beat.prefix_cached_tokens >= 64 and beat.prompt_tokens >= 120
+
+
+def forward_logprobs(model, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """The trainer's model forward: log_softmax at each generated token's position."""
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logp = model(ids, torch.arange(ids.shape[1])[None])[0].log_softmax(-1)
+    return logp[len(prompt) - 1 : -1]
+
+
+def test_logprobs_on_both_endpoints_are_the_models_log_softmax(client, server, model):
+    """Seeded sampling at temperature 0.8 (its tokens depend on the draws, its logprobs are
+    at temperature 1): each token's logprob and top alternatives equal the model forward's,
+    whole and streamed."""
+    prompt_ids = [BOS, *encode("score me")]
+    got = client.completions.create(
+        model="tiny", prompt="score me", max_tokens=10, temperature=0.8, seed=3, logprobs=2
+    )
+    lp = got.choices[0].logprobs
+    output, _ = generate(  # the same seeded draws, alone: the answer's token ids
+        model, prompt_ids, 10, temperature=0.8, top_k=0, top_p=1, seed=3, stop_id=EOS,
+        max_len=MAX_LEN,
+    )  # fmt: skip
+    assert lp.tokens == [decode([t]) for t in output]
+    assert "".join(lp.tokens) == got.choices[0].text
+    want = forward_logprobs(model, prompt_ids, output)
+    chosen = want.gather(1, torch.tensor(output)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(lp.token_logprobs), chosen, rtol=0, atol=1e-4)
+    top_values, top_ids = want.topk(2, dim=-1)
+    for i, alternatives in enumerate(lp.top_logprobs):
+        assert list(alternatives) == [decode([t]) for t in top_ids[i].tolist()], i
+        torch.testing.assert_close(
+            torch.tensor(list(alternatives.values())), top_values[i], rtol=0, atol=1e-4
+        )
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(output))]
+
+    messages = [{"role": "user", "content": "score me"}]
+    ask = dict(model="tiny", messages=messages, max_tokens=10, temperature=0.8, seed=3)
+    chat = client.chat.completions.create(**ask, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    assert [c.token for c in content] == lp.tokens  # the same prompt, seed and draws
+    torch.testing.assert_close(
+        torch.tensor([c.logprob for c in content]), chosen, rtol=0, atol=1e-4
+    )
+    assert [len(c.top_logprobs) for c in content] == [3] * len(content)
+    assert content[0].bytes == list(content[0].token.encode())
+    stream = client.chat.completions.create(**ask, logprobs=True, top_logprobs=3, stream=True)
+    streamed = [c for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+                for c in chunk.choices[0].logprobs.content]  # fmt: skip
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+    plain = client.chat.completions.create(**ask)
+    assert plain.choices[0].logprobs is None
+    status, reply = post(server, "/v1/chat/completions", {**ask, "top_logprobs": 2})
+    assert status == 400 and reply["error"]["param"] == "top_logprobs"

@@ -82,6 +82,7 @@ class _Timing:
 class EngineRunner:
     def __init__(self, spec: EngineSpec, metrics: ServeMetrics):
         self.cfg, self.metrics = spec.cfg, metrics
+        self.decode = spec.decode  # a token's text, for the API's logprobs
         context = multiprocessing.get_context("spawn")  # fork would copy the server's threads
         self._conn, child = context.Pipe()
         self.process = context.Process(
