@@ -16,6 +16,8 @@ WAITING = series("waiting_requests")
 USED = series("kv_blocks_used")
 FREE = series("kv_blocks_free")
 KV_USE = f"{USED} / clamp_min({USED} + {FREE}, 1)"
+# The prefix cache's hit rate: prompt tokens read from it over prompt tokens admitted.
+HIT_RATE = f"rate({series('prefix_cached_tokens')}[5m]) / clamp_min(rate({series('prompt_tokens')}[5m]), 1)"
 
 
 def _at_a_glance() -> list:
@@ -43,6 +45,16 @@ def _at_a_glance() -> list:
             "Share of the paged KV-cache blocks in use.",
             "percentunit",
             KV_USE,
+            LEGEND,
+            4,
+        ),
+        stat_panel(
+            "Prefix cache hits",
+            "Share of the prompt tokens read from the prefix cache (5 min). Healthy: near the "
+            "share of the prompts that is common (a system prompt); near 0 with a common "
+            "prompt: the prompts differ before it (a date, a user name first).",
+            "percentunit",
+            HIT_RATE,
             LEGEND,
             4,
         ),
