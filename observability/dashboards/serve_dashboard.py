@@ -17,7 +17,8 @@ USED = series("kv_blocks_used")
 FREE = series("kv_blocks_free")
 KV_USE = f"{USED} / clamp_min({USED} + {FREE}, 1)"
 # The prefix cache's hit rate: prompt tokens read from it over prompt tokens admitted.
-HIT_RATE = f"rate({series('prefix_cached_tokens')}[5m]) / clamp_min(rate({series('prompt_tokens')}[5m]), 1)"
+CACHED, PROMPT = series("prefix_cached_tokens"), series("prompt_tokens")
+HIT_RATE = f"rate({CACHED}[5m]) / clamp_min(rate({PROMPT}[5m]), 1)"
 
 
 def _at_a_glance() -> list:
