@@ -261,6 +261,8 @@ class SimulatedFleet:
             kv_blocks_shared=32,
             prompt_tokens=600 * 3 * sim.step,
             prefix_cached_tokens=512 * 3 * sim.step,
+            spec_draft_tokens=40 * sim.step,  # prompt lookup: ~30% of drafts kept
+            spec_accepted_tokens=12 * sim.step,
         )
 
     def _routing(self, sim: SimulatedJob, p: progress_pb2.Progress) -> None:

@@ -192,6 +192,7 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "heartbeat_seconds": Field(5.0, 0, 3600, low_open=True),
         "prefix_caching": Field(True),
         "chunked_prefill": Field(True),
+        "speculative_tokens": Field(0, 0, 64),
     },
 }
 

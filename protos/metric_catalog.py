@@ -175,6 +175,10 @@ CATALOG = (
     M("prefix_cached_tokens", "kitchen_serve_job_prefix_cached_tokens", "Prompt tokens read "
       "from the prefix cache instead of computed (hit rate: over prompt tokens).", SERVE,
       Series.COUNTER),
+    M("spec_draft_tokens", "kitchen_serve_job_spec_draft_tokens", "Tokens speculative "
+      "decoding's draft proposed.", SERVE, Series.COUNTER),
+    M("spec_accepted_tokens", "kitchen_serve_job_spec_accepted_tokens", "Draft tokens the "
+      "model confirmed (acceptance rate: over draft tokens).", SERVE, Series.COUNTER),
 )  # fmt: skip
 
 # Numeric fields deliberately not exported, and why: (source, field) -> reason.

@@ -22,6 +22,11 @@ block it computes is named for the next. Its keys and values are the ones it wou
 API's usage.prompt_tokens_details.cached_tokens); a recompute after preemption reuses its own
 blocks too when they are still cached.
 
+With serve.speculative_tokens, a greedy decoding request drafts up to that many tokens by
+prompt lookup (speculative.py) and runs them with its last token in one step; it keeps the
+draft up to the first token the model would not have chosen, and the model's choice there:
+plain greedy decoding's tokens, several per step when drafts hit (`accepted` / `drafted`).
+
 When a decoding request needs a block and none is free, the newest running request is
 preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
 (prompt + what it generated so far, as a prefill) when blocks free up. Nothing is dropped; its
@@ -57,6 +62,7 @@ from trainer.inference.detokenize import detokenize, stop_strings
 from trainer.inference.kv_cache import PagedKVCache, block_hashes
 from trainer.inference.paged_model import Run, forward_step
 from trainer.inference.sampling import TopLogprobs, argmax_rows, sample, token_logprobs
+from trainer.inference.speculative import ngram_draft
 from trainer.model import Transformer
 
 # The token id at an image's positions of a request's token list: any valid id, its embedding
@@ -110,6 +116,7 @@ class Request:
     block_names: list[bytes] = field(default_factory=list)  # hashes of its full blocks
     named: int = 0  # blocks of `table` registered under their name
     root: bytes = b""  # its image's digest: the first block's name depends on the image
+    draft: list[int] = field(default_factory=list)  # this step's speculative tokens
     # A VLM's image, (S, S, 3) uint8, read at the first positions of `prompt` (their ids are
     # IMAGE_PLACEHOLDER), and its projected tokens once encoded: kept
     # across a preemption, so a recompute prefills the same vectors without the encoder.
@@ -178,6 +185,8 @@ class Engine:
         self.finished = 0
         self.prompt_tokens = 0  # admitted since the start, and of those read from the cache
         self.cached_tokens = 0
+        self.drafted = 0  # speculative tokens proposed since the start, and of those accepted
+        self.accepted = 0
         self._pending: list[Output] = []  # outputs of requests ended between steps (aborts)
 
     def add(self, request: Request) -> None:
@@ -216,15 +225,23 @@ class Engine:
             return outputs
         self._encode_images([r for r, _ in scheduled])
         runs = [
-            Run(self._new_tokens(r, n), r.computed, r.table, _image_run(r, n)) for r, n in scheduled
+            Run(self._new_tokens(r, n), r.computed, r.table, _image_run(r, n), 1 + len(r.draft))
+            for r, n in scheduled
         ]
         logits = forward_step(self.model, runs, self.cache)
         ready = []  # (row of logits, request) of the requests whose whole context is read
-        for i, (r, n) in enumerate(scheduled):
+        drafted = []  # (first row, request) of the requests with a draft to verify
+        row = 0
+        for r, n in scheduled:
+            if r.draft:
+                drafted.append((row, r))
+                row += n
+                continue
             r.computed += n
             self._name_blocks(r)
             if r.computed == r.length:  # else a prefill chunk: the prompt is not all read yet
-                ready.append((i, r))
+                ready.append((row, r))
+            row += 1
         tokens = self._sample(logits, ready)
         scored = [k for k, (_, r) in enumerate(ready) if r.params.logprobs]
         if scored:
@@ -236,6 +253,8 @@ class Engine:
                 ready[k][1].top_logprobs.append(alternatives)
         for (_, r), token in zip(ready, tokens, strict=True):
             outputs.append(self._append(r, token))
+        for row, r in drafted:
+            outputs += self._verify(r, logits[row : row + 1 + len(r.draft)])
         if any(r.finish is not None for r in self.running):
             self.running = [r for r in self.running if r.finish is None]
         return outputs
@@ -244,7 +263,44 @@ class Engine:
     def _new_tokens(r: Request, n: int) -> list[int]:
         if n == 1 and r.output and r.computed == r.length - 1:  # decoding: its last token
             return r.output[-1:]
+        if r.draft:
+            return r.tokens[r.computed : r.computed + 1] + r.draft
         return r.tokens[r.computed : r.computed + n]
+
+    def _draft(self, r: Request, room: int) -> list[int]:
+        """A greedy decoding request's speculative tokens (speculative.py), their blocks
+        taken; none when off, sampled, out of budget or blocks, or near its end."""
+        p = r.params
+        k = min(self.cfg.speculative_tokens, room, p.max_tokens - len(r.output) - 1)
+        k = min(k, self.max_len - r.length - 1)
+        if k <= 0 or p.temperature != 0:
+            return []
+        draft = ngram_draft(r.tokens, k)
+        if draft and self._fits(r, 1 + len(draft)):
+            r.draft = draft
+        return r.draft
+
+    def _verify(self, r: Request, rows: torch.Tensor) -> list[Output]:
+        """Keeps r's draft up to its first token that is not the model's greedy choice, and
+        that choice: the tokens plain greedy decoding would give, one output each."""
+        draft, r.draft = r.draft, []
+        targets = rows.argmax(dim=-1).tolist()
+        m = 0
+        while m < len(draft) and draft[m] == targets[m]:
+            m += 1
+        self.drafted, self.accepted = self.drafted + len(draft), self.accepted + m
+        r.computed += 1 + m  # the rejected drafts' keys and values are overwritten later
+        outputs = []
+        for j, token in enumerate(targets[: m + 1]):
+            if r.params.logprobs:
+                lp, top = token_logprobs(rows[j : j + 1], [token], [r.params.top_logprobs])
+                r.logprobs.append(lp[0])
+                r.top_logprobs.append(top[0])
+            outputs.append(self._append(r, token))
+            if r.finish is not None:
+                return outputs
+        self._name_blocks(r)  # now that its tokens hold the accepted ones
+        return outputs
 
     @staticmethod
     def _sample(logits: torch.Tensor, ready: list[tuple[int, Request]]) -> list[int]:
@@ -289,8 +345,9 @@ class Engine:
                 if victim is r:
                     break
             if not preempted or r in self.running:
-                scheduled.append((r, 1))
-                budget -= 1
+                n = 1 + len(self._draft(r, budget - 1))
+                scheduled.append((r, n))
+                budget -= n
         for r in self.running:
             left = r.length - r.computed
             if left > 1 and budget > 0:

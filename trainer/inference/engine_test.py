@@ -11,6 +11,7 @@ from trainer.generate import generate
 from trainer.inference.admission import RequestTooLarge
 from trainer.inference.engine import Engine, FinishReason, Request, SamplingParams
 from trainer.inference.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache
+from trainer.inference.speculative import ngram_draft
 from trainer.inference.testing import (
     BOS,
     EOS,
@@ -243,3 +244,21 @@ def test_a_request_longer_than_the_pool_is_refused_naming_the_field(model):
     got = run_all(engine, [greedy(p[:12], i, max_tokens=20) for i, p in enumerate(ps)])
     for i, p in enumerate(ps):
         assert got[f"r{i}"] == reference(model, p[:12], 20), f"request {i}"
+
+
+def test_prompt_lookup_drafts_the_tokens_after_the_last_ngrams_earlier_occurrence():
+    assert ngram_draft([1, 2, 3, 9, 8, 7, 1, 2, 3], 2) == [9, 8]  # the 3-gram 1 2 3
+    assert ngram_draft([5, 1, 2, 6, 1, 2, 7, 2], 3) == [7, 2]  # 1-gram 2: its latest
+    assert ngram_draft([1, 2, 3], 4) == [] and ngram_draft([4], 4) == []
+
+
+def test_speculative_greedy_equals_plain_greedy_and_counts_what_it_kept(model):
+    """A prompt that repeats itself, so drafts are proposed; every greedy answer is a full
+    forward's, sampled requests draft nothing."""
+    ps = [p * 3 for p in prompts(6, seed=11)]
+    engine = make_engine(model, speculative_tokens=4, max_batch_tokens=64)
+    sampled = Request("s", ps[0], SamplingParams(max_tokens=20, temperature=0.9, seed=1))
+    got = run_all(engine, [greedy(p[:40], i) for i, p in enumerate(ps)] + [sampled])
+    for i, p in enumerate(ps):
+        assert got[f"r{i}"] == reference(model, p[:40], 20), f"request {i}"
+    assert 0 < engine.accepted <= engine.drafted

@@ -1,7 +1,7 @@
 """#35's interaction test: every combination of the engine's serving features (prefix caching,
-chunked prefill, preemption forced by a small pool) gives the plain engine's answers (none of
-them, a pool that holds everything), greedy and seeded, with the same logprobs and top
-alternatives.
+chunked prefill, speculative decoding by prompt lookup, preemption forced by a small pool)
+gives the plain engine's answers (none of them, a pool that holds everything), greedy and
+seeded, with the same logprobs and top alternatives.
 
 The model is inference/testing.py's tiny one, weights spread wide so that its next token is
 decided by the model and depends on the context (checked below: a cache that handed a request
@@ -75,19 +75,22 @@ def test_the_answers_depend_on_the_context(model, plain):
     assert len({tuple(g) for g in greedy}) == len(greedy)  # same system prompt, other questions
 
 
-COMBINATIONS = list(itertools.product([False, True], repeat=3))
+COMBINATIONS = list(itertools.product([False, True], repeat=4))
 
 
 @pytest.mark.parametrize(
-    "prefix, chunked, small_pool",
+    "prefix, chunked, speculative, small_pool",
     COMBINATIONS,
-    ids=[f"prefix={p}-chunked={c}-small_pool={s}" for p, c, s in COMBINATIONS],
+    ids=[f"prefix={p}-chunked={c}-spec={d}-small_pool={s}" for p, c, d, s in COMBINATIONS],
 )
-def test_every_combination_equals_the_plain_engine(model, plain, prefix, chunked, small_pool):
+def test_every_combination_equals_the_plain_engine(
+    model, plain, prefix, chunked, speculative, small_pool
+):
     got, engine = run(
         model,
         prefix_caching=prefix,
         chunked_prefill=chunked,
+        speculative_tokens=4 if speculative else 0,
         max_batch_tokens=16,
         block_size=4,
         num_blocks=18 if small_pool else 256,  # 72 positions: one request at its longest
@@ -99,4 +102,5 @@ def test_every_combination_equals_the_plain_engine(model, plain, prefix, chunked
         torch.testing.assert_close(got[rid][2], top, rtol=0, atol=1e-4)
     assert (engine.preemptions > 0) == small_pool
     assert (engine.cached_tokens > 0) == prefix
+    assert (engine.accepted > 0) == speculative  # drafts were kept, and so checked
     assert engine.cache.allocator.used == 0

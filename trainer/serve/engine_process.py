@@ -64,6 +64,8 @@ class EngineStats:
     kv_blocks_shared: int = 0  # held by more than one request (the prefix cache's sharing)
     prompt_tokens: int = 0  # admitted since the start
     cached_tokens: int = 0  # of those, read from the prefix cache
+    draft_tokens: int = 0  # speculative tokens proposed since the start
+    accepted_tokens: int = 0  # of those, kept
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,8 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
             allocator.shared,
             engine.prompt_tokens,
             engine.cached_tokens,
+            engine.drafted,
+            engine.accepted,
         )
 
     try:

@@ -119,6 +119,20 @@ class ServeMetrics:
             labels,
             registry=self.registry,
         ).labels(*values)
+        # Speculative decoding's acceptance rate is accepted / draft tokens (vLLM's
+        # spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens).
+        self.draft_tokens = Counter(
+            "kitchen_serve_spec_decode_draft_tokens",
+            "Tokens proposed by speculative decoding's draft (prompt lookup).",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
+        self.accepted_tokens = Counter(
+            "kitchen_serve_spec_decode_accepted_tokens",
+            "Draft tokens the model's own choice confirmed (kept).",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
         self._values = values
 
     def ended(self, reason: str) -> None:

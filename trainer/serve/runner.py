@@ -101,6 +101,7 @@ class EngineRunner:
         self.stats = EngineStats(0, 0, 0, self.cfg.num_blocks, 0, 0, 0)
         self._preemptions_seen = 0
         self._cached_seen = 0
+        self._drafts_seen = (0, 0)  # draft tokens, accepted tokens
         self.generated = 0  # tokens generated so far (the heartbeat's throughput)
         self._ttft: list[float] = []  # since the last `window_latency`
         self._itl: list[float] = []
@@ -240,6 +241,9 @@ class EngineRunner:
         m.cached_tokens.inc(s.cached_tokens - self._cached_seen)
         self._cached_seen = s.cached_tokens
         m.blocks_shared.set(s.kv_blocks_shared)
+        m.draft_tokens.inc(s.draft_tokens - self._drafts_seen[0])
+        m.accepted_tokens.inc(s.accepted_tokens - self._drafts_seen[1])
+        self._drafts_seen = (s.draft_tokens, s.accepted_tokens)
         load = self.load()
         m.running.set(load.running_requests)
         m.waiting.set(load.waiting_requests)

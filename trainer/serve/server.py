@@ -111,6 +111,8 @@ class Server:
         beat.kv_blocks_used, beat.kv_blocks_free = load.kv_blocks_used, load.kv_blocks_free
         beat.kv_blocks_shared = stats.kv_blocks_shared
         beat.prompt_tokens, beat.prefix_cached_tokens = stats.prompt_tokens, stats.cached_tokens
+        beat.spec_draft_tokens = stats.draft_tokens
+        beat.spec_accepted_tokens = stats.accepted_tokens
         beat.ttft_p50_seconds, beat.ttft_p99_seconds = (
             latency.ttft_p50_seconds,
             latency.ttft_p99_seconds,
