@@ -196,6 +196,9 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "max_stop_chars": Field(256, 1, 1 << 16),
         "request_timeout_seconds": Field(30.0, 0, 3600, low_open=True),
         "idle_timeout_seconds": Field(5.0, 0, 3600, low_open=True),
+        "prefix_caching": Field(True),
+        "chunked_prefill": Field(True),
+        "speculative_tokens": Field(0, 0, 64),
     },
 }
 

@@ -168,6 +168,17 @@ CATALOG = (
       "serve job generated per second.", SERVE, panel=P.SERVE_TOKENS, legend="tokens/s "),
     M("serve_preemptions", "kitchen_serve_job_preemptions", "Requests preempted for KV blocks.",
       SERVE, panel=P.SERVE_TOKENS, legend="preemptions "),
+    M("kv_blocks_shared", "kitchen_serve_kv_blocks_shared", "Paged KV-cache blocks held by more "
+      "than one request (shared prefixes).", SERVE, panel=P.KV_BLOCKS, legend="shared "),
+    M("prompt_tokens", "kitchen_serve_job_prompt_tokens", "Prompt tokens a serve job admitted.",
+      SERVE, Series.COUNTER),
+    M("prefix_cached_tokens", "kitchen_serve_job_prefix_cached_tokens", "Prompt tokens read "
+      "from the prefix cache instead of computed (hit rate: over prompt tokens).", SERVE,
+      Series.COUNTER),
+    M("spec_draft_tokens", "kitchen_serve_job_spec_draft_tokens", "Tokens speculative "
+      "decoding's draft proposed.", SERVE, Series.COUNTER),
+    M("spec_accepted_tokens", "kitchen_serve_job_spec_accepted_tokens", "Draft tokens the "
+      "model confirmed (acceptance rate: over draft tokens).", SERVE, Series.COUNTER),
 )  # fmt: skip
 
 # Numeric fields deliberately not exported, and why: (source, field) -> reason.

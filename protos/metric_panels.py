@@ -237,10 +237,11 @@ REQUESTS = Panel(
 )
 KV_BLOCKS = Panel(
     SERVE_LOAD,
-    "KV-cache blocks used / free",
+    "KV-cache blocks used / free / shared",
     "none",
     "Paged KV-cache blocks. All used with requests waiting: the batch is bounded by memory; "
-    "preemptions follow.",
+    "preemptions follow. Shared: held by more than one request (a common prefix read from the "
+    "prefix cache); near 0 when requests share a system prompt means they differ before it.",
     0,
 )
 SERVE_TOKENS = Panel(

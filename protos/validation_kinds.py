@@ -88,17 +88,13 @@ def validate_vision(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind
 
 
 def validate_serve(cfg: trainer_config_pb2.TrainerConfig) -> None:
-    """#15: the KV-cache pool can hold one request of the model's full length. #31: the
+    """#15: the KV-cache pool can hold one request of the model's full length (the config's
+    here; the serve job checks its checkpoint's again at start-up: `check_serve_pool`). #31: the
     endpoint's exposure follows the launcher's rule (protos/exposure.py), its API key comes from
     one place, and TLS has both halves."""
-    s, m = cfg.serve, cfg.model
+    s = cfg.serve
     check_ranges(s, "serve", "trainer.serve")
-    check(
-        s.num_blocks * s.block_size >= m.max_seq_len,
-        "trainer.serve.num_blocks",
-        f"{s.num_blocks} blocks of {s.block_size} tokens cannot hold one request of "
-        f"model.max_seq_len {m.max_seq_len} tokens: a request could never finish",
-    )
+    check_serve_pool(s, cfg.model.max_seq_len, "model.max_seq_len")
     check(
         not (s.api_key_file and s.api_key_env),
         "trainer.serve.api_key_env",
@@ -130,4 +126,15 @@ def validate_serve(cfg: trainer_config_pb2.TrainerConfig) -> None:
         f"{host} is reachable from other machines, and without an API key anyone there can "
         "use the model: set serve.api_key_file (or serve.api_key_env), or "
         "serve.allow_unauthenticated: true on a trusted network",
+    )
+
+
+def check_serve_pool(s: trainer_config_pb2.ServeConfig, max_len: int, source: str) -> None:
+    """The pool of `s` holds one request of `max_len` positions (`source`: where that length
+    comes from); else a request of the model's full context could never finish (#36)."""
+    check(
+        s.num_blocks * s.block_size >= max_len,
+        "trainer.serve.num_blocks",
+        f"{s.num_blocks} blocks of {s.block_size} tokens cannot hold one request of "
+        f"{source} {max_len} tokens: a request could never finish",
     )

@@ -16,12 +16,19 @@ WAITING = series("waiting_requests")
 USED = series("kv_blocks_used")
 FREE = series("kv_blocks_free")
 KV_USE = f"{USED} / clamp_min({USED} + {FREE}, 1)"
+# The prefix cache's hit rate: prompt tokens read from it over prompt tokens admitted.
+CACHED, PROMPT = series("prefix_cached_tokens"), series("prompt_tokens")
+HIT_RATE = f"rate({CACHED}[5m]) / clamp_min(rate({PROMPT}[5m]), 1)"
+# Speculative decoding's acceptance rate: draft tokens kept over draft tokens proposed.
+KEPT, DRAFTED = series("spec_accepted_tokens"), series("spec_draft_tokens")
+ACCEPTANCE = f"rate({KEPT}[5m]) / clamp_min(rate({DRAFTED}[5m]), 1)"
 
 
 def _at_a_glance() -> list:
+    """One row of stat panels, 24 grid units wide."""
     return [
-        stat_panel("Running", "Requests in the continuous batch now.", "none", RUNNING, LEGEND, 4),
-        stat_panel("Waiting", "Requests queued or preempted, waiting.", "none", WAITING, LEGEND, 4),
+        stat_panel("Running", "Requests in the continuous batch now.", "none", RUNNING, LEGEND, 3),
+        stat_panel("Waiting", "Requests queued or preempted, waiting.", "none", WAITING, LEGEND, 3),
         stat_panel(
             "Tokens/s",
             "Generated tokens per second, all requests.",
@@ -45,6 +52,26 @@ def _at_a_glance() -> list:
             KV_USE,
             LEGEND,
             4,
+        ),
+        stat_panel(
+            "Prefix cache hits",
+            "Share of the prompt tokens read from the prefix cache (5 min). Healthy: near the "
+            "share of the prompts that is common (a system prompt); near 0 with a common "
+            "prompt: the prompts differ before it (a date, a user name first).",
+            "percentunit",
+            HIT_RATE,
+            LEGEND,
+            3,
+        ),
+        stat_panel(
+            "Draft acceptance",
+            "Share of speculative decoding's draft tokens the model kept (5 min; 0 with "
+            "serve.speculative_tokens 0). Each kept token is a step saved; near 0 with drafts: "
+            "the answers do not repeat their context, turn it off.",
+            "percentunit",
+            ACCEPTANCE,
+            LEGEND,
+            3,
         ),
     ]
 

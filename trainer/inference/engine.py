@@ -8,11 +8,31 @@ generation tasks and RL rollouts. It reads the model's live parameters: nothing 
 aborted): the batch never waits for its slowest member, unlike a static batch.
 
 Each step spends at most `max_batch_tokens`: every decoding request first (one token each),
-then prefill, in chunks, of requests still reading their prompt, then new admissions. A request
-takes KV-cache blocks only as it grows. When a decoding request needs a block and none is
-free, the newest running request is preempted: its blocks are freed and it goes back to the
-front of the queue, to be recomputed (prompt + what it generated so far, as a prefill) when
-blocks free up. Nothing is dropped; its generated tokens and its sampler's state are kept.
+then prefill, in chunks, of requests still reading their prompt, then new admissions: a long
+prompt arriving never stalls the running streams (serve.chunked_prefill; off, a prompt is
+prefilled in one piece, past the budget if it must, and the streams wait for that step). A
+request takes KV-cache blocks only as it grows.
+
+With serve.prefix_caching, a request admitted first takes the cached blocks of the longest
+prefix of its tokens it shares with earlier requests (kv_cache.py: content-addressed full
+blocks, reference counts, least recently used evicted) and prefills only the rest; each full
+block it computes is named for the next. Its keys and values are the ones it would compute
+(the same model on the same tokens, up to float rounding), so its output is the same.
+`cached_tokens` counts the prompt tokens it read from the cache at its first admission (the
+API's usage.prompt_tokens_details.cached_tokens); a recompute after preemption reuses its own
+blocks too when they are still cached.
+
+With serve.speculative_tokens, a greedy decoding request drafts up to that many tokens by
+prompt lookup (speculative.py) and runs them with its last token in one step; it keeps the
+draft up to the first token the model would not have chosen, and the model's choice there:
+plain greedy decoding's tokens, several per step when drafts hit (`accepted` / `drafted`).
+
+When a decoding request needs a block and none is free, the newest running request is
+preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
+(prompt + what it generated so far, as a prefill) when blocks free up. Nothing is dropped; its
+generated tokens and its sampler's state are kept. A request that could never finish is
+refused at `add` (admission.py): the context and the pool must hold it at its longest, so
+every admitted request can run alone to its end, and none holds the queue back forever.
 
 A served VLM's request carries an image (#16): the step that first schedules it runs the
 encoder over every new image in one batch, and the projected vectors fill the request's first
@@ -22,15 +42,17 @@ One rule for every path: a request stops at the model's end of text (`eos_id`) o
 `stop_token_ids`, and that token is part of its generated ids (an RL sequence is `<bos> prompt
 response <eos>`) but never of its text; sampling is sampling.py's (temperature 0 greedy, top-k,
 top-p, a generator per request seeded by its own seed, so its draws do not depend on what else
-is in the batch); with `logprobs`, each sampled token's log-probability at temperature 1.
-Only ids of the tokenizer (`vocab`) are ever sampled: a checkpoint whose embedding has more
-rows than its tokenizer has ids (vocabularies padded to a multiple of 64 or 128, as published
-checkpoints often are) has logits for ids that decode to nothing, and those are cut off before
-sampling. The log-probabilities stay those of the model's full softmax (what the RL trainer
-recomputes from the logits).
+is in the batch); with `logprobs`, each sampled token's log-probability at temperature 1 (and
+its `top_logprobs` most likely alternatives'). Only ids of the tokenizer (`vocab`) are ever
+sampled: a checkpoint whose embedding has more rows than its tokenizer has ids (vocabularies
+padded to a multiple of 64 or 128, as published checkpoints often are) has logits for ids that
+decode to nothing, and those are cut off before sampling and before a draft is verified. The
+log-probabilities stay those of the model's full softmax (what the RL trainer recomputes from
+the logits).
 """
 
 import enum
+import hashlib
 import time
 from collections import deque
 from collections.abc import Callable
@@ -40,9 +62,12 @@ from typing import NamedTuple
 import torch
 
 from protos import trainer_config_pb2
-from trainer.inference.kv_cache import PagedKVCache
+from trainer.inference.admission import check_fits
+from trainer.inference.detokenize import detokenize, stop_strings
+from trainer.inference.kv_cache import PagedKVCache, block_hashes
 from trainer.inference.paged_model import Run, forward_step
-from trainer.inference.sampling import argmax_rows, sample, token_logprobs
+from trainer.inference.sampling import TopLogprobs, argmax_rows, sample, token_logprobs
+from trainer.inference.speculative import ngram_draft
 from trainer.model import Transformer
 
 # The token id at an image's positions of a request's token list: any valid id, its embedding
@@ -60,7 +85,8 @@ class FinishReason(enum.Enum):
 class SamplingParams:
     """Per request: temperature 0 is greedy; top_k 0 and top_p 1 disable those filters; a
     seed makes the draws reproducible; `stop_token_ids` end it as the model's end of text
-    does; `logprobs` keeps each sampled token's log-probability (sampling.py)."""
+    does; `logprobs` keeps each sampled token's log-probability (sampling.py), and with
+    `top_logprobs` those of that many most likely tokens at its position."""
 
     max_tokens: int = 16
     temperature: float = 1.0
@@ -70,6 +96,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
+    top_logprobs: int = 0  # with logprobs
 
 
 @dataclass(eq=False)  # compared by identity: the queues look requests up often
@@ -80,6 +107,7 @@ class Request:
     arrived: float = field(default_factory=time.monotonic)
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # of each output token, when asked
+    top_logprobs: list[TopLogprobs] = field(default_factory=list)  # per output token, too
     text: str = ""  # decoded output, up to a stop string
     sent: int = 0  # characters of `text` already handed out
     decoded_from: int = 0  # incremental detokenization: output[decoded_from:decoded_to] is
@@ -89,6 +117,11 @@ class Request:
     finish: FinishReason | None = None
     generator: torch.Generator | None = None
     preemptions: int = 0
+    cached_tokens: int | None = None  # prompt tokens read from the prefix cache, once admitted
+    block_names: list[bytes] = field(default_factory=list)  # hashes of its full blocks
+    named: int = 0  # blocks of `table` registered under their name
+    root: bytes = b""  # its image's digest: the first block's name depends on the image
+    draft: list[int] = field(default_factory=list)  # this step's speculative tokens
     # A VLM's image, (S, S, 3) uint8, read at the first positions of `prompt` (their ids are
     # IMAGE_PLACEHOLDER), and its projected tokens once encoded: kept
     # across a preemption, so a recompute prefills the same vectors without the encoder.
@@ -116,6 +149,9 @@ class Output(NamedTuple):
     text: str
     token_ids: list[int]
     finish: FinishReason | None
+    cached_tokens: int = 0  # the request's prompt tokens read from the prefix cache
+    # With params.logprobs: the token's log-probability and its top_logprobs alternatives.
+    logprobs: tuple[float, TopLogprobs] | None = None
 
 
 class Engine:
@@ -148,20 +184,26 @@ class Engine:
             cfg.block_size,
             p.device,
             p.dtype,
+            caching=cfg.prefix_caching,
         )
         self.device = p.device
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.preemptions = 0
         self.finished = 0
+        self.prompt_tokens = 0  # admitted since the start, and of those read from the cache
+        self.cached_tokens = 0
+        self.drafted = 0  # speculative tokens proposed since the start, and of those accepted
+        self.accepted = 0
         self._pending: list[Output] = []  # outputs of requests ended between steps (aborts)
 
     def add(self, request: Request) -> None:
-        """Queues a request; the caller checked that prompt + 1 token fits `max_len`."""
-        if len(request.prompt) >= self.max_len:
-            raise ValueError(f"prompt of {len(request.prompt)} tokens: no room to generate")
+        """Queues a request; RequestTooLarge (check_fits) if it could never finish."""
+        check_fits(len(request.prompt), request.params.max_tokens, self.max_len, self.cfg)
         if request.image is not None and self.embed_images is None:
             raise ValueError("an image for a text model")
+        if request.image is not None:
+            request.root = hashlib.sha256(request.image.cpu().numpy().tobytes()).digest()
         seed = request.params.seed
         gen = torch.Generator(device=self.device)
         request.generator = gen.manual_seed(seed) if seed is not None else gen
@@ -191,23 +233,36 @@ class Engine:
             return outputs
         self._encode_images([r for r, _ in scheduled])
         runs = [
-            Run(self._new_tokens(r, n), r.computed, r.table, _image_run(r, n)) for r, n in scheduled
+            Run(self._new_tokens(r, n), r.computed, r.table, _image_run(r, n), 1 + len(r.draft))
+            for r, n in scheduled
         ]
         logits = forward_step(self.model, runs, self.cache)
         ready = []  # (row of logits, request) of the requests whose whole context is read
-        for i, (r, n) in enumerate(scheduled):
+        drafted = []  # (first row, request) of the requests with a draft to verify
+        row = 0
+        for r, n in scheduled:
+            if r.draft:
+                drafted.append((row, r))
+                row += n
+                continue
             r.computed += n
+            self._name_blocks(r)
             if r.computed == r.length:  # else a prefill chunk: the prompt is not all read yet
-                ready.append((i, r))
+                ready.append((row, r))
+            row += 1
         tokens = self._sample(logits[:, : self.vocab], ready)
         scored = [k for k, (_, r) in enumerate(ready) if r.params.logprobs]
         if scored:
             rows = logits[[ready[k][0] for k in scored]]
-            logps = token_logprobs(rows, [tokens[k] for k in scored])
-            for k, lp in zip(scored, logps, strict=True):
+            top = [ready[k][1].params.top_logprobs for k in scored]
+            logps, tops = token_logprobs(rows, [tokens[k] for k in scored], top)
+            for k, lp, alternatives in zip(scored, logps, tops, strict=True):
                 ready[k][1].logprobs.append(lp)
+                ready[k][1].top_logprobs.append(alternatives)
         for (_, r), token in zip(ready, tokens, strict=True):
             outputs.append(self._append(r, token))
+        for row, r in drafted:
+            outputs += self._verify(r, logits[row : row + 1 + len(r.draft), : self.vocab])
         if any(r.finish is not None for r in self.running):
             self.running = [r for r in self.running if r.finish is None]
         return outputs
@@ -216,7 +271,44 @@ class Engine:
     def _new_tokens(r: Request, n: int) -> list[int]:
         if n == 1 and r.output and r.computed == r.length - 1:  # decoding: its last token
             return r.output[-1:]
+        if r.draft:
+            return r.tokens[r.computed : r.computed + 1] + r.draft
         return r.tokens[r.computed : r.computed + n]
+
+    def _draft(self, r: Request, room: int) -> list[int]:
+        """A greedy decoding request's speculative tokens (speculative.py), their blocks
+        taken; none when off, sampled, out of budget or blocks, or near its end."""
+        p = r.params
+        k = min(self.cfg.speculative_tokens, room, p.max_tokens - len(r.output) - 1)
+        k = min(k, self.max_len - r.length - 1)
+        if k <= 0 or p.temperature != 0:
+            return []
+        draft = ngram_draft(r.tokens, k)
+        if draft and self._fits(r, 1 + len(draft)):
+            r.draft = draft
+        return r.draft
+
+    def _verify(self, r: Request, rows: torch.Tensor) -> list[Output]:
+        """Keeps r's draft up to its first token that is not the model's greedy choice, and
+        that choice: the tokens plain greedy decoding would give, one output each."""
+        draft, r.draft = r.draft, []
+        targets = rows.argmax(dim=-1).tolist()
+        m = 0
+        while m < len(draft) and draft[m] == targets[m]:
+            m += 1
+        self.drafted, self.accepted = self.drafted + len(draft), self.accepted + m
+        r.computed += 1 + m  # the rejected drafts' keys and values are overwritten later
+        outputs = []
+        for j, token in enumerate(targets[: m + 1]):
+            if r.params.logprobs:
+                lp, top = token_logprobs(rows[j : j + 1], [token], [r.params.top_logprobs])
+                r.logprobs.append(lp[0])
+                r.top_logprobs.append(top[0])
+            outputs.append(self._append(r, token))
+            if r.finish is not None:
+                return outputs
+        self._name_blocks(r)  # now that its tokens hold the accepted ones
+        return outputs
 
     @staticmethod
     def _sample(logits: torch.Tensor, ready: list[tuple[int, Request]]) -> list[int]:
@@ -261,24 +353,31 @@ class Engine:
                 if victim is r:
                     break
             if not preempted or r in self.running:
-                scheduled.append((r, 1))
-                budget -= 1
+                n = 1 + len(self._draft(r, budget - 1))
+                scheduled.append((r, n))
+                budget -= n
         for r in self.running:
             left = r.length - r.computed
             if left > 1 and budget > 0:
-                n = self._chunk(r, min(left, budget))
+                n = self._chunk(r, left, budget)
                 if n:
                     scheduled.append((r, n))
                     budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_running:
             r = self.waiting[0]
-            n = self._chunk(r, min(r.length - r.computed, budget))
+            self._reuse_prefix(r)
+            n = self._chunk(r, r.length - r.computed, budget)
             if not n:
+                self._release(r)  # the cached blocks too: nothing is held while waiting
                 break  # no free block: it waits for one (admission never preempts)
             self.waiting.popleft()
             self.running.append(r)
             scheduled.append((r, n))
             budget -= n
+            if r.cached_tokens is None:  # its first admission
+                r.cached_tokens = r.computed
+                self.prompt_tokens += len(r.prompt)
+                self.cached_tokens += r.computed
         if not scheduled and self.running:  # every running request waits for a block
             self._preempt(self.running[-1])
             return self._schedule()
@@ -293,19 +392,46 @@ class Engine:
         self.cache.grow(r.table, r.computed + n)
         return True
 
-    def _chunk(self, r: Request, n: int) -> int:
-        """The most of r's next n tokens whose blocks are free (0: none), blocks taken."""
+    def _chunk(self, r: Request, left: int, budget: int) -> int:
+        """How many of r's `left` prompt tokens to prefill now, their blocks taken (0: none):
+        as many as the budget and the free blocks allow, or without chunked prefill all of
+        them or none."""
         free_positions = (len(r.table) + self.cache.allocator.free) * self.cache.block_size
+        n = min(left, budget) if self.cfg.chunked_prefill else left
         n = min(n, free_positions - r.computed)
-        if n <= 0:
+        if n <= 0 or (n < left and not self.cfg.chunked_prefill):
             return 0
         self.cache.grow(r.table, r.computed + n)
         return n
 
+    def _reuse_prefix(self, r: Request) -> None:
+        """A request about to be admitted takes the cached blocks of its longest cached prefix
+        (full blocks, leaving at least its last token to compute: its logits are needed)."""
+        if not self.cfg.prefix_caching or r.table:
+            return
+        full = (r.length - 1) // self.cache.block_size
+        names = block_hashes(r.tokens, self.cache.block_size, full, r.block_names, r.root)
+        r.table = self.cache.allocator.lookup(names[:full])
+        r.named = len(r.table)
+        r.computed = r.named * self.cache.block_size
+
+    def _name_blocks(self, r: Request) -> None:
+        """Registers the blocks r has filled since the last step under their names."""
+        full = r.computed // self.cache.block_size
+        if not self.cfg.prefix_caching or full <= r.named:
+            return
+        block_hashes(r.tokens, self.cache.block_size, full, r.block_names, r.root)
+        for i in range(r.named, full):
+            self.cache.allocator.register(r.table[i], r.block_names[i])
+        r.named = full
+
+    def _release(self, r: Request) -> None:
+        self.cache.release(r.table)
+        r.computed = r.named = 0
+
     def _preempt(self, r: Request) -> None:
         self.running.remove(r)
-        self.cache.release(r.table)
-        r.computed = 0
+        self._release(r)
         r.preemptions += 1
         self.preemptions += 1
         self.waiting.appendleft(r)
@@ -320,53 +446,22 @@ class Engine:
             finish = FinishReason.LENGTH
         searched = len(r.text)
         # The stop token ends the ids; it never shows in the text.
-        self._detokenize(r, final=finish is not None, end=len(r.output) - stopped)
+        detokenize(r, self.decode, final=finish is not None, end=len(r.output) - stopped)
         ready = len(r.text)
         if p.stop:
-            ready, finish = _stop_strings(r, p.stop, searched, finish)
+            ready, found = stop_strings(r, p.stop, searched, finish is not None)
+            finish = FinishReason.STOP if found else finish
         delta, r.sent = r.text[r.sent : max(ready, r.sent)], max(ready, r.sent)
         if finish is not None:
             self._end(r, finish)
-        return Output(r.id, delta, [token], finish)
-
-    def _detokenize(self, r: Request, final: bool, end: int) -> None:
-        """Extends r.text with its new tokens' text, decoding only the tokens since the last
-        complete character plus the ones before them (vLLM's incremental detokenization):
-        decoding the whole output every token costs O(length) per token. Text that ends in
-        half a character (U+FFFD) waits for the next token, unless this is the last one."""
-        window = r.output[r.decoded_from : end]
-        before = self.decode(window[: r.decoded_to - r.decoded_from])
-        text = self.decode(window)
-        if len(text) > len(before) and (final or not text.endswith("\ufffd")):
-            r.text += text[len(before) :]
-            r.decoded_from, r.decoded_to = r.decoded_to, end
+        scored = (r.logprobs[-1], r.top_logprobs[-1]) if p.logprobs else None
+        return Output(r.id, delta, [token], finish, r.cached_tokens or 0, scored)
 
     def _end(self, r: Request, finish: FinishReason) -> None:
         r.finish = finish
         r.image_embeds = None
-        self.cache.release(r.table)
+        self._release(r)
         self.finished += 1
-
-
-def _stop_strings(
-    r: Request, stop: tuple[str, ...], searched: int, finish: FinishReason | None
-) -> tuple[int, FinishReason | None]:
-    """Cuts r.text at the first stop string (it finishes the request), else holds back what
-    may be the start of one: (characters of r.text ready to send, finish). `searched`: the
-    length of r.text before this token; a stop string not found before must end after it."""
-    found = (r.text.find(s, max(0, searched - len(s) + 1)) for s in stop)
-    cut = min((i for i in found if i >= 0), default=-1)
-    if cut >= 0:
-        r.text = r.text[:cut]
-        return cut, FinishReason.STOP
-    ready = len(r.text)
-    if finish is None:
-        for s in stop:
-            for k in range(min(len(s) - 1, ready), 0, -1):
-                if r.text.endswith(s[:k]):
-                    ready -= k
-                    break
-    return ready, finish
 
 
 def _image_run(r: Request, n: int) -> torch.Tensor | None:

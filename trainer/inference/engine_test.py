@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from trainer.generate import generate
+from trainer.inference.admission import RequestTooLarge
 from trainer.inference.engine import Engine, FinishReason, Request, SamplingParams
 from trainer.inference.kv_cache import BlockAllocator, OutOfBlocks, PagedKVCache
+from trainer.inference.speculative import ngram_draft
 from trainer.inference.testing import (
     BOS,
     EOS,
@@ -199,14 +201,64 @@ def test_a_stop_token_ends_the_ids_with_it_and_never_shows_in_the_text(model):
 
 
 def test_logprobs_are_the_full_forwards_log_softmax_of_each_sampled_token(model):
+    """Each sampled token's log-probability, and its top 3 alternatives, are the trainer's
+    model forward's log_softmax at that position (temperature 1), in the request and in its
+    outputs, whatever temperature and filters drew it."""
     prompt = prompts(1, seed=6)[0]
-    params = SamplingParams(max_tokens=12, temperature=0.7, top_k=10, seed=1, logprobs=True)
+    params = SamplingParams(
+        max_tokens=12, temperature=0.7, top_k=10, seed=1, logprobs=True, top_logprobs=3
+    )
     engine = make_engine(model)
     request = Request("r", prompt, params)
-    run_all(engine, [request, *(greedy(p, i + 1) for i, p in enumerate(prompts(3, seed=7)))])
+    for r in [request, *(greedy(p, i + 1) for i, p in enumerate(prompts(3, seed=7)))]:
+        engine.add(r)
+    outputs = []
+    while engine.has_work():
+        outputs += [o for o in engine.step() if o.request_id == "r"]
     ids = torch.tensor([prompt + request.output])
     with torch.no_grad():
         logp = model(ids, torch.arange(ids.shape[1])[None])[0].log_softmax(-1)
-    want = logp[len(prompt) - 1 : -1].gather(1, ids[0, len(prompt) :, None])[:, 0]
+    logp = logp[len(prompt) - 1 : -1]
+    want = logp.gather(1, ids[0, len(prompt) :, None])[:, 0]
     assert len(request.logprobs) == len(request.output)
     torch.testing.assert_close(torch.tensor(request.logprobs), want, rtol=0, atol=1e-5)
+    top_values, top_ids = logp.topk(3, dim=-1)
+    assert [[i for i, _ in t] for t in request.top_logprobs] == top_ids.tolist()
+    got_values = torch.tensor([[v for _, v in t] for t in request.top_logprobs])
+    torch.testing.assert_close(got_values, top_values, rtol=0, atol=1e-5)
+    assert [o.logprobs for o in outputs] == list(
+        zip(request.logprobs, request.top_logprobs, strict=True)
+    )
+
+
+def test_a_request_longer_than_the_pool_is_refused_naming_the_field(model):
+    """#36: 32 pool positions; a request of 10 + 30 tokens could never finish."""
+    engine = make_engine(model, num_blocks=8, block_size=4)
+    with pytest.raises(RequestTooLarge, match="max_tokens: max_tokens 30 plus") as e:
+        engine.add(greedy(list(range(10)), 0, max_tokens=30))
+    assert e.value.field == "max_tokens" and not engine.has_work()
+    with pytest.raises(RequestTooLarge) as e:
+        engine.add(greedy(list(range(40)), 1, max_tokens=1))
+    assert e.value.field == "prompt"
+    ps = prompts(6, seed=9)  # each fits alone: all finish, preempting one another
+    got = run_all(engine, [greedy(p[:12], i, max_tokens=20) for i, p in enumerate(ps)])
+    for i, p in enumerate(ps):
+        assert got[f"r{i}"] == reference(model, p[:12], 20), f"request {i}"
+
+
+def test_prompt_lookup_drafts_the_tokens_after_the_last_ngrams_earlier_occurrence():
+    assert ngram_draft([1, 2, 3, 9, 8, 7, 1, 2, 3], 2) == [9, 8]  # the 3-gram 1 2 3
+    assert ngram_draft([5, 1, 2, 6, 1, 2, 7, 2], 3) == [7, 2]  # 1-gram 2: its latest
+    assert ngram_draft([1, 2, 3], 4) == [] and ngram_draft([4], 4) == []
+
+
+def test_speculative_greedy_equals_plain_greedy_and_counts_what_it_kept(model):
+    """A prompt that repeats itself, so drafts are proposed; every greedy answer is a full
+    forward's, sampled requests draft nothing."""
+    ps = [p * 3 for p in prompts(6, seed=11)]
+    engine = make_engine(model, speculative_tokens=4, max_batch_tokens=64)
+    sampled = Request("s", ps[0], SamplingParams(max_tokens=20, temperature=0.9, seed=1))
+    got = run_all(engine, [greedy(p[:40], i) for i, p in enumerate(ps)] + [sampled])
+    for i, p in enumerate(ps):
+        assert got[f"r{i}"] == reference(model, p[:40], 20), f"request {i}"
+    assert 0 < engine.accepted <= engine.drafted

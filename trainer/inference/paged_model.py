@@ -30,6 +30,7 @@ class Run:
     start: int
     table: list[int]
     image: torch.Tensor | None = None  # input vectors of the run's first positions (a VLM's)
+    logits: int = 1  # logits of this many of its last positions (a speculative draft's: all)
 
 
 class _Group:
@@ -107,8 +108,9 @@ class StepBatch:
                 at.extend(range(end, end + len(r.image)))
                 images.append(r.image)
             end += len(r.tokens)
-            last[id(r)] = end - 1
-        self.last = torch.tensor([last[id(r)] for r in runs], device=device)
+            last[id(r)] = end
+        rows = [i for r in runs for i in range(last[id(r)] - r.logits, last[id(r)])]
+        self.last = torch.tensor(rows, device=device)
         self.image = torch.cat(images) if images else None
         self.image_at = torch.tensor(at, dtype=torch.long, device=device) if images else None
 
@@ -143,8 +145,9 @@ def _attention(attn, x, cos, sin, step: StepBatch, cache: PagedKVCache, layer: i
 
 @torch.no_grad()
 def forward_step(model: Transformer, runs: list[Run], cache: PagedKVCache) -> torch.Tensor:
-    """Logits (len(runs), vocab) at the last new token of each run; the runs' keys and values
-    are written into `cache` (their tables must already hold the positions)."""
+    """Logits (sum of the runs' `logits`, vocab) at the last new token of each run (its last
+    `logits` tokens), in run order; the runs' keys and values are written into `cache` (their
+    tables must already hold the positions)."""
     device = next(model.parameters()).device
     step = StepBatch(runs, cache, device)
     cos, sin = model.rope.cos_sin(step.positions)

@@ -71,10 +71,25 @@ def _filtered(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Te
     return torch.full_like(x, float("-inf")).scatter(1, order, ordered)
 
 
-def token_logprobs(logits: torch.Tensor, tokens: list[int]) -> list[float]:
-    """log_softmax(logits[i])[tokens[i]] for each row, from the fp32 logits at temperature 1."""
+TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
+
+
+def token_logprobs(
+    logits: torch.Tensor, tokens: list[int], top: list[int]
+) -> tuple[list[float], list[TopLogprobs]]:
+    """log_softmax(logits[i])[tokens[i]] for each row, from the fp32 logits at temperature 1,
+    and the row's `top[i]` most likely tokens with theirs (the API's top_logprobs; ties: the
+    lower id first)."""
+    logp = logits.float().log_softmax(-1)
     index = torch.tensor(tokens, device=logits.device)[:, None]
-    return logits.float().log_softmax(-1).gather(1, index)[:, 0].tolist()
+    chosen = logp.gather(1, index)[:, 0].tolist()
+    k = max(top, default=0)
+    if not k:
+        return chosen, [() for _ in tokens]
+    values, ids = logp.topk(k, dim=-1, sorted=True)
+    values, ids = values.tolist(), ids.tolist()
+    tops = [tuple(zip(ids[i][:n], values[i][:n], strict=True)) for i, n in enumerate(top)]
+    return chosen, tops
 
 
 def argmax_rows(logits: torch.Tensor) -> torch.Tensor:

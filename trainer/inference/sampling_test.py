@@ -47,9 +47,11 @@ def test_a_rows_draws_depend_on_its_generator_not_on_the_other_rows():
 
 def test_token_logprobs_are_the_log_softmax_at_temperature_one():
     logits = torch.tensor([[0.0, 3.0, 1.0, 2.9], [1.0, 1.0, 1.0, 1.0]])
-    got = token_logprobs(logits, [3, 0])
-    want = logits.log_softmax(-1)[[0, 1], [3, 0]].tolist()
+    got, top = token_logprobs(logits, [3, 0], [2, 0])
+    logp = logits.log_softmax(-1)
+    want = logp[[0, 1], [3, 0]].tolist()
     assert got == want and abs(got[1] - float(torch.log(torch.tensor(0.25)))) < 1e-7
+    assert top == [((1, logp[0, 1].item()), (3, logp[0, 3].item())), ()]
 
 
 def test_argmax_rows_is_argmax_first_of_ties_included():

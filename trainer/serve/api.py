@@ -1,5 +1,7 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions (both with
-`stream: true` as server-sent events), /v1/models, /health, /metrics.
+`stream: true` as server-sent events), /v1/models, /health, /metrics. `logprobs` (and chat's
+`top_logprobs`): logprobs.py; usage carries `prompt_tokens_details.cached_tokens`, the prompt
+tokens the prefix cache held.
 
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with `param`
 naming the field: 400 for bad input (malformed JSON included: FastAPI's 422 is turned into
@@ -27,6 +29,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from protos import trainer_config_pb2
+from trainer.inference.admission import RequestTooLarge, check_fits
 from trainer.inference.engine import IMAGE_PLACEHOLDER, FinishReason, Output, SamplingParams
 from trainer.inference.engine import Request as EngineRequest
 from trainer.serve.guard import Guard
@@ -37,6 +40,7 @@ from trainer.serve.images import (
     content_parts,
     request_image,
 )
+from trainer.serve.logprobs import Logprobs
 from trainer.serve.requests import (
     ApiError,
     ChatRequest,
@@ -186,14 +190,18 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await _serve(body, body.prompt, "prompt", request, chat=False, images=[])
+        top = body.logprobs
+        return await _serve(body, body.prompt, "prompt", request, False, [], top)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest, request: Request) -> Any:
         if body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
+        if body.top_logprobs is not None and not body.logprobs:
+            raise ApiError(400, "top_logprobs: needs logprobs true", "top_logprobs")
+        top = (body.top_logprobs or 0) if body.logprobs else None
         text, images = chat_prompt(body.messages)
-        return await _serve(body, text, "messages", request, chat=True, images=images)
+        return await _serve(body, text, "messages", request, True, images, top)
 
     async def _serve(
         body: Sampling,
@@ -202,6 +210,7 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
         request: Request,
         chat: bool,
         images: list[ImagePart],
+        top_logprobs: int | None,  # None: no logprobs
     ) -> Any:
         if body.model != model.name:
             problem = f"model {body.model!r} does not exist: this server serves {model.name!r}"
@@ -237,9 +246,14 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
                 f"the model's context of {model.max_len}"
             )
             raise ApiError(400, problem, "max_tokens")
+        try:  # the KV-cache pool, too: a request it cannot hold would never finish (#36)
+            check_fits(len(prompt), max_tokens, model.max_len, runner.cfg, field)
+        except RequestTooLarge as e:
+            raise ApiError(400, str(e), e.field) from None
         params = SamplingParams(
-            max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop
-        )
+            max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop,
+            logprobs=top_logprobs is not None, top_logprobs=top_logprobs or 0,
+        )  # fmt: skip
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         loop = asyncio.get_running_loop()
         outputs = _Outputs(loop)
@@ -255,6 +269,8 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
         except Draining as e:
             raise ApiError(503, str(e), None, "server_shutting_down") from e
         reply = _Reply(rid, model.name, chat, len(prompt))
+        if top_logprobs is not None:
+            reply.logprobs = Logprobs(runner.decode, chat)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(
@@ -295,6 +311,7 @@ class _Reply:
     chat: bool
     prompt_tokens: int
     created: int = 0
+    logprobs: Logprobs | None = None  # when the request asked for them
 
     def __post_init__(self):
         self.created = int(time.time())
@@ -307,28 +324,37 @@ class _Reply:
         """The server-sent event of a chunk with `text` and no finish reason."""
         return f"data: {self._head}{json.dumps(text)}{self._tail}\n\n"
 
-    def chunk(self, text: str, finish: str | None, first: bool = False) -> dict:
+    def chunk(
+        self, text: str, finish: str | None, first: bool = False, logprobs: dict | None = None
+    ) -> dict:
         if self.chat:
             delta = {"role": "assistant", "content": text} if first else {"content": text}
             choice = {"index": 0, "delta": delta if text or first else {}, "finish_reason": finish}
             kind = "chat.completion.chunk"
+            if logprobs is not None:
+                choice["logprobs"] = logprobs
         else:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
             kind = "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
                 "choices": [choice]}  # fmt: skip
 
-    def usage(self, completion_tokens: int) -> dict:
+    def usage(self, completion_tokens: int, cached_tokens: int) -> dict:
+        """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the
+        engine's prefix cache held (read, not computed)."""
         usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens}
-        return {**usage, "total_tokens": self.prompt_tokens + completion_tokens}
+        details = {"prompt_tokens_details": {"cached_tokens": cached_tokens}}
+        return {**usage, "total_tokens": self.prompt_tokens + completion_tokens, **details}
 
-    def whole(self, text: str, finish: str, completion_tokens: int) -> dict:
-        out = self.chunk(text, finish)
+    def whole(self, text: str, finish: str, completion_tokens: int, cached: int) -> dict:
+        logprobs = self.logprobs.whole() if self.logprobs is not None else None
+        out = self.chunk(text, finish, logprobs=logprobs)
         if self.chat:
             message = {"role": "assistant", "content": text}
-            out["choices"] = [{"index": 0, "message": message, "finish_reason": finish}]
+            choice = {"index": 0, "message": message, "finish_reason": finish}
+            out["choices"] = [{**choice, "logprobs": logprobs}]
             out["object"] = "chat.completion"
-        out["usage"] = self.usage(completion_tokens)
+        out["usage"] = self.usage(completion_tokens, cached)
         return out
 
 
@@ -337,7 +363,7 @@ async def _stream(
 ) -> AsyncIterator[str]:
     """Server-sent events; a client that goes away cancels this generator, and so its
     request (finally: abort frees its KV blocks). `usage`: a last chunk with token counts."""
-    finished, tokens = False, 0
+    finished, tokens, cached = False, 0, 0
     try:
         if reply.chat:
             yield f"data: {json.dumps(reply.chunk('', None, first=True))}\n\n"
@@ -347,14 +373,22 @@ async def _stream(
             events = []
             for out in await outputs.take():
                 finished, tokens = out.finish is not None, tokens + len(out.token_ids)
-                if out.finish is not None:
-                    chunk = reply.chunk(out.text, out.finish.value)
+                # Each token's logprobs in the chunk of its output, even one with no text yet.
+                scored = reply.logprobs.of(out) if reply.logprobs is not None else None
+                if out.finish is not None or scored is not None:
+                    finish = out.finish.value if out.finish is not None else None
+                    chunk = reply.chunk(out.text, finish, logprobs=scored)
                     events.append(f"data: {json.dumps(chunk)}\n\n")
+                    cached = out.cached_tokens
                 elif out.text:
                     events.append(reply.text_event(out.text))
             if finished:
                 if usage:
-                    last = {**reply.chunk("", None), "choices": [], "usage": reply.usage(tokens)}
+                    last = {
+                        **reply.chunk("", None),
+                        "choices": [],
+                        "usage": reply.usage(tokens, cached),
+                    }
                     events.append(f"data: {json.dumps(last)}\n\n")
                 events.append("data: [DONE]\n\n")
             if events:
@@ -376,8 +410,10 @@ async def _whole(reply: _Reply, outputs: _Outputs, runner: EngineRunner, request
                 text, tokens = text + out.text, tokens + len(out.token_ids)
                 if out.finish is FinishReason.ABORT and watcher.done():
                     return Response(status_code=499)  # nobody reads it: the client is gone
+                if reply.logprobs is not None:
+                    reply.logprobs.of(out)
                 if out.finish is not None:
-                    return reply.whole(text, out.finish.value, tokens)
+                    return reply.whole(text, out.finish.value, tokens, out.cached_tokens)
     finally:
         watcher.cancel()
 

@@ -12,11 +12,13 @@ import openai
 import pytest
 import torch
 
+from protos.config_yaml import ConfigError
 from trainer.generate import generate
 from trainer.inference.sampling import sample
-from trainer.inference.testing import BOS, EOS, VOCAB, decode, encode, tiny_model
+from trainer.inference.testing import BOS, EOS, VOCAB, decode, encode, serve_config, tiny_model
 from trainer.serve.engine_process import dumps
 from trainer.serve.runner import Latency
+from trainer.serve.server import serve
 from trainer.serve.testing import start_server
 
 torch.set_num_threads(1)  # tiny ops: several threads only spin on a shared machine
@@ -355,3 +357,121 @@ def test_an_engine_process_that_dies_ends_open_requests_and_refuses_new_ones(mod
         assert status == 503 and "exited with code -9" in body["error"]["message"]
     finally:
         assert not server.stop()  # the engine's requests did not all finish
+
+
+def test_a_request_the_kv_pool_cannot_hold_is_a_400_and_others_are_served(model):
+    """#36: 8 blocks of 4 tokens (32 positions) under a 128-token context. A request longer
+    than the pool would take every block, be preempted and recomputed forever, holding back
+    everyone: it is refused, naming the field, and a request that fits is served."""
+    server = start_server(model, num_blocks=8, block_size=4)
+    try:
+        body = {"model": "tiny", "prompt": "x" * 10, "max_tokens": 40, "temperature": 0}
+        status, reply = post(server, "/v1/completions", body)
+        assert status == 400 and reply["error"]["param"] == "max_tokens", reply
+        assert "KV-cache pool of 32 positions" in reply["error"]["message"]
+        chat = {"model": "tiny", "messages": [{"role": "user", "content": "x" * 40}]}
+        status, reply = post(server, "/v1/chat/completions", {**chat, "max_tokens": 2})
+        assert status == 400 and reply["error"]["param"] == "messages", reply
+        status, reply = post(server, "/v1/completions", {**body, "max_tokens": 21})
+        assert status == 200 and reply["usage"]["total_tokens"] <= 32
+        assert reply["choices"][0]["text"] == greedy_text(model, "x" * 10, 21)
+    finally:
+        assert server.stop()
+
+
+def test_the_serve_job_refuses_a_pool_smaller_than_the_checkpoints_context(model):
+    """#36: the start-up check reads the checkpoint's context (`max_len`), not the config's."""
+    cfg = serve_config(num_blocks=4, block_size=16)  # 64 positions for a 128-token checkpoint
+    with pytest.raises(ConfigError, match="the checkpoint's context 128") as e:
+        serve(model, None, MAX_LEN, cfg, None, print, None)  # type: ignore[arg-type]
+    assert e.value.field == "trainer.serve.num_blocks"
+
+
+def test_a_repeated_prompt_reports_its_cached_tokens_in_usage_and_metrics(client, server):
+    """Prefix caching: the second request with a 40-token prompt finds its first two full
+    blocks (16 tokens each) in the cache; the last block is partial, so it is computed."""
+
+    def cached_total() -> float:
+        for line in http_get_text(server, "/metrics").splitlines():
+            if line.startswith("kitchen_serve_prefix_cached_tokens_total{"):
+                return float(line.split()[-1])
+        raise AssertionError("no kitchen_serve_prefix_cached_tokens_total")
+
+    prompt = "the same system prompt, then a question"  # 39 characters + BOS: 40 tokens
+    before = cached_total()
+    first = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
+    again = client.completions.create(model="tiny", prompt=prompt, max_tokens=4, temperature=0)
+    assert first.usage.prompt_tokens == again.usage.prompt_tokens == 40
+    assert again.usage.prompt_tokens_details.cached_tokens == 32
+    assert again.choices[0].text == first.choices[0].text
+    stream = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=4,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [c.usage for c in stream if c.usage][0]
+    assert usage.prompt_tokens_details.cached_tokens == 32
+    deadline = time.monotonic() + 5  # the gauges follow the engine's next report
+    while cached_total() - before < 64 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cached_total() - before == 64
+    beat = server.heartbeat("j1", 1)
+    assert beat.prefix_cached_tokens >= 64 and beat.prompt_tokens >= 120
+
+
+def forward_logprobs(model, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """The trainer's model forward: log_softmax at each generated token's position."""
+    ids = torch.tensor([prompt + output])
+    with torch.no_grad():
+        logp = model(ids, torch.arange(ids.shape[1])[None])[0].log_softmax(-1)
+    return logp[len(prompt) - 1 : -1]
+
+
+def test_logprobs_on_both_endpoints_are_the_models_log_softmax(client, server, model):
+    """Seeded sampling at temperature 0.8 (its tokens depend on the draws, its logprobs are
+    at temperature 1): each token's logprob and top alternatives equal the model forward's,
+    whole and streamed."""
+    prompt_ids = [BOS, *encode("score me")]
+    got = client.completions.create(
+        model="tiny", prompt="score me", max_tokens=10, temperature=0.8, seed=3, logprobs=2
+    )
+    lp = got.choices[0].logprobs
+    output, _ = generate(  # the same seeded draws, alone: the answer's token ids
+        model, prompt_ids, 10, temperature=0.8, top_k=0, top_p=1, seed=3, stop_id=EOS,
+        max_len=MAX_LEN,
+    )  # fmt: skip
+    assert lp.tokens == [decode([t]) for t in output]
+    assert "".join(lp.tokens) == got.choices[0].text
+    want = forward_logprobs(model, prompt_ids, output)
+    chosen = want.gather(1, torch.tensor(output)[:, None])[:, 0]
+    torch.testing.assert_close(torch.tensor(lp.token_logprobs), chosen, rtol=0, atol=1e-4)
+    top_values, top_ids = want.topk(2, dim=-1)
+    for i, alternatives in enumerate(lp.top_logprobs):
+        assert list(alternatives) == [decode([t]) for t in top_ids[i].tolist()], i
+        torch.testing.assert_close(
+            torch.tensor(list(alternatives.values())), top_values[i], rtol=0, atol=1e-4
+        )
+    assert lp.text_offset == [sum(len(t) for t in lp.tokens[:i]) for i in range(len(output))]
+
+    messages = [{"role": "user", "content": "score me"}]
+    ask = dict(model="tiny", messages=messages, max_tokens=10, temperature=0.8, seed=3)
+    chat = client.chat.completions.create(**ask, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    assert [c.token for c in content] == lp.tokens  # the same prompt, seed and draws
+    torch.testing.assert_close(
+        torch.tensor([c.logprob for c in content]), chosen, rtol=0, atol=1e-4
+    )
+    assert [len(c.top_logprobs) for c in content] == [3] * len(content)
+    assert content[0].bytes == list(content[0].token.encode())
+    stream = client.chat.completions.create(**ask, logprobs=True, top_logprobs=3, stream=True)
+    streamed = [c for chunk in stream if chunk.choices and chunk.choices[0].logprobs
+                for c in chunk.choices[0].logprobs.content]  # fmt: skip
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+    plain = client.chat.completions.create(**ask)
+    assert plain.choices[0].logprobs is None
+    status, reply = post(server, "/v1/chat/completions", {**ask, "top_logprobs": 2})
+    assert status == 400 and reply["error"]["param"] == "top_logprobs"

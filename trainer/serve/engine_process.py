@@ -62,6 +62,11 @@ class EngineStats:
     preemptions: int  # since the start
     finished: int  # requests ended since the start
     received: int  # requests received since the start: the parent counts those still in flight
+    kv_blocks_shared: int = 0  # held by more than one request (the prefix cache's sharing)
+    prompt_tokens: int = 0  # admitted since the start
+    cached_tokens: int = 0  # of those, read from the prefix cache
+    draft_tokens: int = 0  # speculative tokens proposed since the start
+    accepted_tokens: int = 0  # of those, kept
 
 
 @dataclass(frozen=True)
@@ -132,6 +137,11 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
             engine.preemptions,
             engine.finished,
             received,
+            allocator.shared,
+            engine.prompt_tokens,
+            engine.cached_tokens,
+            engine.drafted,
+            engine.accepted,
         )
 
     try:

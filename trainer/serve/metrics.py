@@ -107,6 +107,32 @@ class ServeMetrics:
         self.waiting = gauge("kitchen_serve_num_requests_waiting", "Requests queued.")
         self.blocks_used = gauge("kitchen_serve_kv_cache_blocks_used", "KV-cache blocks held.")
         self.blocks_free = gauge("kitchen_serve_kv_cache_blocks_free", "KV-cache blocks free.")
+        self.blocks_shared = gauge(
+            "kitchen_serve_kv_cache_blocks_shared",
+            "KV-cache blocks held by more than one request (shared prefixes).",
+        )
+        # The prefix cache's hit rate is cached / prompt tokens (vLLM's prefix_cache_hits /
+        # prefix_cache_queries, in tokens).
+        self.cached_tokens = Counter(
+            "kitchen_serve_prefix_cached_tokens",
+            "Prompt tokens read from the prefix cache instead of computed.",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
+        # Speculative decoding's acceptance rate is accepted / draft tokens (vLLM's
+        # spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens).
+        self.draft_tokens = Counter(
+            "kitchen_serve_spec_decode_draft_tokens",
+            "Tokens proposed by speculative decoding's draft (prompt lookup).",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
+        self.accepted_tokens = Counter(
+            "kitchen_serve_spec_decode_accepted_tokens",
+            "Draft tokens the model's own choice confirmed (kept).",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
         self._values = values
 
     def ended(self, reason: str) -> None:

@@ -18,8 +18,6 @@ NOT_SUPPORTED: dict[str, tuple[Any, ...]] = {
     "echo": (False,),
     "best_of": (1,),
     "suffix": ("",),
-    "logprobs": (False,),  # completions: a count (0 is False); chat: a flag
-    "top_logprobs": (0,),
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
     "logit_bias": ({},),
@@ -104,6 +102,7 @@ class Sampling(_Strict):
 
 class CompletionRequest(Sampling):
     prompt: str
+    logprobs: int | None = Field(default=None, ge=0, le=5)  # that many alternatives (logprobs.py)
 
 
 class Message(_Strict):
@@ -116,6 +115,8 @@ class Message(_Strict):
 class ChatRequest(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)  # with logprobs (logprobs.py)
 
 
 def validation_refusal(errors: list[dict]) -> ApiError:

@@ -82,6 +82,7 @@ class _Timing:
 class EngineRunner:
     def __init__(self, spec: EngineSpec, metrics: ServeMetrics):
         self.cfg, self.metrics = spec.cfg, metrics
+        self.decode = spec.decode  # a token's text, for the API's logprobs
         context = multiprocessing.get_context("spawn")  # fork would copy the server's threads
         self._conn, child = context.Pipe()
         self.process = context.Process(
@@ -99,6 +100,8 @@ class EngineRunner:
         self.failed = ""  # why the server can no longer answer ("": it can)
         self.stats = EngineStats(0, 0, 0, self.cfg.num_blocks, 0, 0, 0)
         self._preemptions_seen = 0
+        self._cached_seen = 0
+        self._drafts_seen = (0, 0)  # draft tokens, accepted tokens
         self.generated = 0  # tokens generated so far (the heartbeat's throughput)
         self._ttft: list[float] = []  # since the last `window_latency`
         self._itl: list[float] = []
@@ -235,6 +238,12 @@ class EngineRunner:
         s = self.stats = report.stats
         m.preemptions.inc(s.preemptions - self._preemptions_seen)
         self._preemptions_seen = s.preemptions
+        m.cached_tokens.inc(s.cached_tokens - self._cached_seen)
+        self._cached_seen = s.cached_tokens
+        m.blocks_shared.set(s.kv_blocks_shared)
+        m.draft_tokens.inc(s.draft_tokens - self._drafts_seen[0])
+        m.accepted_tokens.inc(s.accepted_tokens - self._drafts_seen[1])
+        self._drafts_seen = (s.draft_tokens, s.accepted_tokens)
         load = self.load()
         m.running.set(load.running_requests)
         m.waiting.set(load.waiting_requests)

@@ -23,6 +23,7 @@ import uvicorn
 from protos import attempt_pb2, progress_pb2, trainer_config_pb2
 from protos.exit_codes import ExitCode
 from protos.exposure import read_secret_env, read_secret_file
+from protos.validation_kinds import check_serve_pool
 from trainer.data.tokenizer import Tokenizer
 from trainer.jobs.context import install_sigterm_handler
 from trainer.model import Transformer
@@ -118,6 +119,10 @@ class Server:
         load, latency = self.runner.load(), self.runner.window_latency()
         beat.running_requests, beat.waiting_requests = load.running_requests, load.waiting_requests
         beat.kv_blocks_used, beat.kv_blocks_free = load.kv_blocks_used, load.kv_blocks_free
+        beat.kv_blocks_shared = stats.kv_blocks_shared
+        beat.prompt_tokens, beat.prefix_cached_tokens = stats.prompt_tokens, stats.cached_tokens
+        beat.spec_draft_tokens = stats.draft_tokens
+        beat.spec_accepted_tokens = stats.accepted_tokens
         beat.ttft_p50_seconds, beat.ttft_p99_seconds = (
             latency.ttft_p50_seconds,
             latency.ttft_p99_seconds,
@@ -151,6 +156,9 @@ def serve(
     """The `serve` job: serves `model` until SIGTERM or the launcher's stop, reporting a
     heartbeat to `client` (a ProgressClient, or None run by hand). `cfg` has its defaults.
     `images`: a VLM's image input (`model` is then its language model)."""
+    # The checkpoint's context, not the config's (#36): a pool smaller than it is refused
+    # before anything starts, naming serve.num_blocks.
+    check_serve_pool(cfg, max_len, "the checkpoint's context")
     served = ServedModel(
         name=cfg.model_name or attempt.spec.name,
         encode=tokenizer.encode,

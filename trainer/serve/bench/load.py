@@ -41,11 +41,12 @@ class Result:
 
 
 def run_clients(
-    endpoint: str, body: dict, clients: int, each: int, api_key: str = ""
+    endpoint: str, body: dict | list[dict], clients: int, each: int, api_key: str = ""
 ) -> tuple[float, list[Record]]:
     """`clients` connections at once, each sending `each` requests in turn: (wall seconds,
-    records). A connection is kept alive from one request to the next, as the openai client's
-    connection pool (httpx) and vLLM's benchmark (aiohttp) keep theirs: a connection per
+    records). `body`: every request's, or a list whose bodies the requests take in turn. A
+    connection is kept alive from one request to the next, as the openai client's connection
+    pool (httpx) and vLLM's benchmark (aiohttp) keep theirs: a connection per
     request would add a TCP accept and close to every request, paid by the server's HTTP
     process. All on one thread over epoll: the load generator shares the machine it measures,
     and a thread per client (each woken for every token) cost as much CPU as the server's HTTP
@@ -53,13 +54,18 @@ def run_clients(
     `api_key`: sent as `Authorization: Bearer` (a server with serve.api_key_file)."""
     url = urlparse(endpoint)
     address = (url.hostname or "127.0.0.1", url.port or 80)
-    payload = json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}})
-    request = (
-        f"POST /v1/completions HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\n"
-        "Content-Type: application/json\r\n"
-        + (f"Authorization: Bearer {api_key}\r\n" if api_key else "")
-        + f"Content-Length: {len(payload.encode())}\r\n\r\n{payload}"
-    ).encode()
+    requests = []
+    for b in body if isinstance(body, list) else [body]:
+        payload = json.dumps({**b, "stream": True, "stream_options": {"include_usage": True}})
+        requests.append(
+            (
+                f"POST /v1/completions HTTP/1.1\r\nHost: {address[0]}:{address[1]}\r\n"
+                "Content-Type: application/json\r\n"
+                + (f"Authorization: Bearer {api_key}\r\n" if api_key else "")
+                + f"Content-Length: {len(payload.encode())}\r\n\r\n{payload}"
+            ).encode()
+        )
+    sent = [0]
     selector = selectors.DefaultSelector()
     done: list[_Stream] = []  # parsed after the run: the parsing is not the server's time
     left = [each] * clients
@@ -73,7 +79,9 @@ def run_clients(
             selector.register(sock, selectors.EVENT_READ, (client, stream))
         else:
             selector.modify(sock, selectors.EVENT_READ, (client, stream))
-        sock.sendall(request)  # a few hundred bytes: the socket's buffer takes them at once
+        request = requests[sent[0] % len(requests)]
+        sent[0] += 1
+        sock.sendall(request)  # a few kilobytes at most: the socket's buffer takes them at once
 
     start = time.perf_counter()
     for client in range(clients):
