@@ -161,7 +161,9 @@ def text_paths(model, server, text: str, knobs: dict, seed: int) -> dict[str, li
         "serve (HTTP)": served["choices"][0]["text"],
     }
     if knobs["temperature"] == 0:  # eval's generation tasks decode greedily
-        tokenizer = SimpleNamespace(encode=encode, decode=decode, bos_id=BOS, eos_id=EOS)
+        tokenizer = SimpleNamespace(
+            encode=encode, decode=decode, bos_id=BOS, eos_id=EOS, vocab_size=VOCAB
+        )
         harness = KitchenLM(model, tokenizer, MAX_LEN, batch_size=1)  # type: ignore[arg-type]
         request = SimpleNamespace(args=(text, {"until": [], "max_gen_toks": NEW}))
         out["eval generate_until"] = harness.generate_until([request])[0]

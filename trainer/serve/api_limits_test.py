@@ -80,13 +80,10 @@ def test_an_unknown_field_is_refused_by_name(client):
     "chat, field, value",
     [
         (False, "echo", True),
-        (False, "logprobs", 2),
         (False, "presence_penalty", 0.5),
         (False, "frequency_penalty", -1.0),
         (False, "logit_bias", {"3": 5}),
         (False, "best_of", 3),
-        (True, "logprobs", True),
-        (True, "top_logprobs", 2),
         (True, "response_format", {"type": "json_object"}),
         (True, "tools", [{"type": "function", "function": {"name": "f"}}]),
     ],
