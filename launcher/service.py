@@ -13,7 +13,7 @@ import grpc
 from launcher import validation
 from launcher.auth import TokenAuth, bearer
 from launcher.controller import FINAL
-from launcher.store import PageTokenError, RequestIdReused
+from launcher.store_base import PageTokenError, RequestIdReused
 from protos import job_pb2, launcher_pb2, launcher_pb2_grpc, run_refs
 from protos.config_yaml import ConfigError
 

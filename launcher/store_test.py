@@ -9,7 +9,8 @@ import threading
 
 import pytest
 
-from launcher.store import JobStore, PageTokenError, RequestIdReused, StoreError
+from launcher.store import JobStore
+from launcher.store_base import PageTokenError, RequestIdReused, StoreError
 from protos import job_pb2
 
 
