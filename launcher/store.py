@@ -1,6 +1,6 @@
 """The SQLite job store (the default): one file in WAL mode, every write committed before it
 returns. What all stores share (ids, run directories, identity, idempotency keys, pages) is in
-launcher/store_base.py; `open_store()` picks the backend the launcher config names.
+launcher/store_base.py; PostgreSQL is launcher/pg_store.py.
 
 Writes use synchronous=FULL, so a state change that returned has reached the disk; readers
 (ListJobs, GetJob) never wait for the writer. Each thread gets its own connection. A failed
@@ -17,12 +17,11 @@ import threading
 from launcher.store_base import (
     JobDirs,
     SqlStore,
-    Store,
     StoreError,
     spec_sha256,
     token_hash,
 )
-from protos import job_pb2, launcher_pb2
+from protos import job_pb2
 
 log = logging.getLogger("kitchen.launcher")
 
@@ -87,10 +86,7 @@ class JobStore(SqlStore):
         version = db.execute("PRAGMA user_version").fetchone()[0]
         tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master")}
         if version > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: schema version {version} is newer than this launcher's "
-                f"({SCHEMA_VERSION}): run the launcher that wrote it, or a newer one"
-            )
+            raise self._newer_refused(version, SCHEMA_VERSION)
         if not tables:
             if dirs.count:
                 raise self._empty_refused(dirs)
@@ -209,13 +205,3 @@ def _hash_tokens(db) -> None:
     db.executemany(
         "UPDATE jobs SET attempt_token = ? WHERE seq = ?", [(token_hash(t), q) for q, t in rows]
     )
-
-
-def open_store(cfg: launcher_pb2.LauncherConfig) -> Store:
-    """The store a resolved launcher config names: PostgreSQL with `store.postgres`, else
-    SQLite at `<state_dir>/jobs.sqlite`."""
-    if cfg.store.HasField("postgres"):
-        from launcher import pg_store  # psycopg loads only for a PostgreSQL store
-
-        return pg_store.PostgresStore(pg_store.read_dsn(cfg.store.postgres), cfg.state_dir)
-    return JobStore(os.path.join(cfg.state_dir, "jobs.sqlite"))

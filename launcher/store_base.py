@@ -173,6 +173,12 @@ class SqlStore:
             f"their ids; restore the database or move {self.runs_dir} away"
         )
 
+    def _newer_refused(self, version: int, known: int) -> StoreError:
+        return StoreError(
+            f"{self.name}: schema version {version} is newer than this launcher's "
+            f"({known}): run the launcher that wrote it, or a newer one"
+        )
+
     def _new_identity(self, db) -> str:
         store_id = uuid.uuid4().hex
         created = time.strftime("%Y-%m-%dT%H:%M:%S%z")
