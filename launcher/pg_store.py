@@ -21,6 +21,7 @@ The connection string may hold a password: messages name the database by
 
 import contextlib
 import json
+import logging
 import queue
 import threading
 
@@ -28,6 +29,8 @@ import psycopg
 from psycopg import conninfo
 
 from launcher.store_base import JobDirs, SqlStore, StoreError
+
+log = logging.getLogger("kitchen.launcher")
 
 SCHEMA_VERSION = 1
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -126,6 +129,8 @@ class PostgresStore(SqlStore):
             last, called = db.execute("SELECT last_value, is_called FROM job_ids").fetchone()
             if self._raised_above(last if called else last - 1, dirs.newest):
                 db.execute("SELECT setval('job_ids', ?)", (dirs.newest,))
+        log.info("jobs in %s (schema version %d, store %s)", self.name, SCHEMA_VERSION,
+                 self.store_id)  # fmt: skip
 
     def _existing(self, db, tables: set) -> str:
         """The store id of a database that holds tables, migrated to SCHEMA_VERSION."""

@@ -85,6 +85,7 @@ def spec_sha256(spec: job_pb2.JobSpec) -> str:
 class Store(Protocol):
     """The job store as the launcher uses it (server, controller, service, sandbox)."""
 
+    name: str  # how messages name the database: a path, or postgresql://user@host:port/db
     store_id: str
     runs_dir: str
 

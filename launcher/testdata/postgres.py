@@ -29,7 +29,8 @@ USER = "kitchen"
 
 def bin_dir() -> str | None:
     """The newest installed PostgreSQL's bin directory (Debian: /usr/lib/postgresql/N/bin)."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    found = glob.glob("/usr/lib/postgresql/*/bin/initdb")
+    found.sort(key=lambda path: int(path.split("/")[4]))
     return os.path.dirname(found[-1]) if found else None
 
 
