@@ -2,7 +2,8 @@
 password-protected superuser, stopped and removed afterwards. Used by the store's tests.
 
 PostgreSQL refuses to run as root: as root (Bazel's tests here) initdb and postgres run as
-the `postgres` user through runuser; as anyone else, as that user. Each test takes a fresh
+the `postgres` user (subprocess's user/group: no runuser needed on PATH); as anyone else, as
+that user. Each test takes a fresh
 database of its own from `server.create_database()`: one server per test module keeps the
 start (~2-5 s) out of every test. The server runs with fsync off: it is thrown away, and the
 store's durability is PostgreSQL's synchronous commit, not something a test could observe.
@@ -74,7 +75,8 @@ def running_postgres() -> Iterator[PostgresServer]:
     # Under /tmp, traversable by everyone: as root, the server runs as user postgres.
     root = tempfile.mkdtemp(prefix="kpg-", dir="/tmp")
     as_root = os.geteuid() == 0
-    prefix = ["runuser", "-u", "postgres", "--"] if as_root else []
+    as_postgres: dict = {"user": "postgres", "group": "postgres", "extra_groups": []}
+    run_as = as_postgres if as_root else {}
     password = secrets.token_hex(16)
     pwfile = os.path.join(root, "password")
     with open(os.open(pwfile, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
@@ -89,24 +91,24 @@ def running_postgres() -> Iterator[PostgresServer]:
     process = None
     try:
         subprocess.run(
-            [*prefix, f"{bindir}/initdb", "-D", data, "-U", USER, f"--pwfile={pwfile}",
+            [f"{bindir}/initdb", "-D", data, "-U", USER, f"--pwfile={pwfile}",
              "--auth=scram-sha-256", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"],
-            stdout=log, stderr=log, check=True,
+            stdout=log, stderr=log, check=True, **run_as,
         )  # fmt: skip
         os.unlink(pwfile)
         port = free_port()
         process = subprocess.Popen(
-            [*prefix, f"{bindir}/postgres", "-D", data, "-p", str(port),
+            [f"{bindir}/postgres", "-D", data, "-p", str(port),
              "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
              "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
-            stdout=log, stderr=log,
+            stdout=log, stderr=log, **run_as,
         )  # fmt: skip
         server = PostgresServer(port, password, root)
         _wait_ready(server, process, log_path)
         yield server
     finally:
         if process is not None:
-            _stop(process, data)
+            _stop(process)
         log.close()
         shutil.rmtree(root, ignore_errors=True)
 
@@ -124,11 +126,9 @@ def _wait_ready(server: PostgresServer, process: subprocess.Popen, log_path: str
             time.sleep(0.1)
 
 
-def _stop(process: subprocess.Popen, data: str) -> None:
-    """A fast shutdown (SIGINT) sent to the postmaster itself: runuser is only its parent."""
-    with contextlib.suppress(OSError, ValueError):
-        with open(os.path.join(data, "postmaster.pid")) as f:
-            os.kill(int(f.readline()), signal.SIGINT)
+def _stop(process: subprocess.Popen) -> None:
+    """A fast shutdown (SIGINT: disconnect clients, then stop)."""
+    process.send_signal(signal.SIGINT)
     try:
         process.wait(30)
     except subprocess.TimeoutExpired:
