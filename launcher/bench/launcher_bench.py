@@ -5,7 +5,9 @@
 1. Submit-to-RUNNING on an idle pool: SubmitJob, then WatchJob until RUNNING (one job at a
    time; the "trainer" is a Python process that sleeps, so process start is included).
 2. ListJobs with 10,000 jobs stored while 100 submissions/s arrive (goal: p99 <= 50 ms):
-   newest-100 pages, state-filtered and team-filtered pages, from 4 client threads.
+   newest-100 pages, state-filtered and team-filtered pages, from 4 client threads; once per
+   store (--stores): SQLite, then PostgreSQL (a durable PostgreSQL 15 started here on
+   127.0.0.1, launcher/testdata/postgres.py), side by side in the same run.
 3. One scheduling pass over 10,000 pending jobs (goal: <= 50 ms): the pure `scheduler.plan`
    beside `scheduler.plan_job_by_job` (the same rules applied to every job, which `plan`
    must equal), and the launcher's whole pass (`Controller._schedule`: holdings, plan,
@@ -27,8 +29,10 @@ from launcher.client import Client
 from launcher.controller import Controller
 from launcher.events import JobEvents
 from launcher.metrics import LauncherMetrics
+from launcher.pg_store import PostgresStore
 from launcher.server import Launcher
 from launcher.store import JobStore
+from launcher.testdata.postgres import running_postgres
 from protos import job_pb2, launcher_pb2
 from protos.files import write_atomic
 from protos.paths import user_path
@@ -38,6 +42,8 @@ TEAMS = ["nlp", "vision", "speech", "infra"]
 SUBMITTERS = 4  # client threads sharing the submission rate
 LISTERS = 4  # people and dashboards listing jobs ...
 LIST_RATE = 40.0  # ... this many ListJobs a second in all
+DSN_ENV = "KITCHEN_BENCH_PG_DSN"  # how the benchmark's launcher finds its PostgreSQL
+STORE_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 
 
 def pct(samples, q):
@@ -54,12 +60,14 @@ def spec(name, team="nlp", priority=0):
     return s
 
 
-def config(state_dir, nodes=1):
+def config(state_dir, nodes=1, postgres=False):
     cfg = launcher_pb2.LauncherConfig(
         listen="127.0.0.1:0", metrics_listen="none", state_dir=state_dir, trainer_cmd=SLEEPER,
         kill_grace_seconds=5,
     )  # fmt: skip
     cfg.pools.add(name="cpu", nodes=nodes)
+    if postgres:
+        cfg.store.postgres.dsn_env = DSN_ENV
     return cfg
 
 
@@ -86,21 +94,26 @@ def submit_to_running(tmp, n):
     return latencies, server_side
 
 
-def fill_store(path, n, state, team_of=lambda i: TEAMS[i % len(TEAMS)], pool="cpu"):
-    store = JobStore(path, durable=False)  # each job's run dir is made, as for a real one
+def fill_store(path, n, state, team_of=lambda i: TEAMS[i % len(TEAMS)], pool="cpu", dsn=""):
+    """`n` jobs into the SQLite database at `path`, or into PostgreSQL at `dsn` (its state dir
+    is `path`'s directory); each job's run dir is made, as for a real one."""
+    state_dir = os.path.dirname(path)
+    store = PostgresStore(dsn, state_dir, durable=False) if dsn else JobStore(path, durable=False)
     for i in range(n):
         job = job_pb2.Job(spec=spec(f"old-{i}", team_of(i), priority=i % 3), state=state, pool=pool)
         store.insert(job)
     store.close()
 
 
-def list_under_load(tmp, stored, rate, seconds):
-    state_dir = os.path.join(tmp, "busy")
+def list_under_load(tmp, stored, rate, seconds, dsn=""):
+    """ListJobs and SubmitJob times under load, on SQLite, or on PostgreSQL at `dsn`."""
+    state_dir = os.path.join(tmp, "busy-postgres" if dsn else "busy")
     os.makedirs(state_dir)
     t0 = time.perf_counter()
-    fill_store(os.path.join(state_dir, "jobs.sqlite"), stored, job_pb2.SUCCEEDED)
+    fill_store(os.path.join(state_dir, "jobs.sqlite"), stored, job_pb2.SUCCEEDED, dsn=dsn)
     fill_seconds = time.perf_counter() - t0
-    launcher = Launcher(config(state_dir)).start()
+    os.environ[DSN_ENV] = dsn
+    launcher = Launcher(config(state_dir, postgres=bool(dsn))).start()
     client = Client(launcher.address)
     blocker = client.submit(spec("blocker", priority=100))  # holds the pool: arrivals queue up
     stop = threading.Event()
@@ -280,63 +293,84 @@ def main():
     p.add_argument("--rate", type=float, default=100.0, help="submissions per second")
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--pending", type=int, default=10_000)
+    p.add_argument("--stores", default="sqlite,postgres", help="ListJobs under load on each")
     args = p.parse_args()
+    stores = args.stores.split(",")
+    if not stores or not set(stores) <= set(STORE_NAMES):
+        p.error(f"--stores: a comma-separated list of {', '.join(STORE_NAMES)}")
     load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    under_load = {}
     with tempfile.TemporaryDirectory(prefix="kitchen-bench-") as tmp:
         print(f"1/3 submit-to-RUNNING, {args.idle_jobs} jobs one at a time ...", flush=True)
         idle, idle_server = submit_to_running(tmp, args.idle_jobs)
-        print(
-            f"2/3 ListJobs with {args.stored:,} stored, {args.rate:.0f} submits/s ...", flush=True
-        )
-        fill, submits, lists, arrived, (passes, pass_sum), _ = list_under_load(
-            tmp, args.stored, args.rate, args.seconds
-        )
+        for name in stores:
+            print(
+                f"2/3 ListJobs on {STORE_NAMES[name]} with {args.stored:,} stored, "
+                f"{args.rate:.0f} submits/s ...",
+                flush=True,
+            )
+            load = functools.partial(list_under_load, tmp, args.stored, args.rate, args.seconds)
+            if name == "postgres":
+                with running_postgres(durable=True) as server:
+                    under_load[name] = load(dsn=server.create_database("bench"))
+            else:
+                under_load[name] = load()
         print(f"3/3 scheduling passes over {args.pending:,} pending jobs ...", flush=True)
         passes_by_kind, ratios = scheduler_passes(tmp, args.pending, repeats=50)
 
-    all_lists = [t for v in lists.values() for t in v]
     rows = [
         ("Submit-to-RUNNING, idle pool (client: SubmitJob until WatchJob says RUNNING)",
          len(idle), ms(pct(idle, 50)), ms(pct(idle, 99)), ""),
         ("  same, inside the launcher (Job.started - Job.created)",
          len(idle_server), ms(pct(idle_server, 50)), ms(pct(idle_server, 99)), ""),
-        (f"ListJobs, all kinds, {args.stored:,} stored + {arrived:.0f} submits/s arriving",
-         len(all_lists), ms(pct(all_lists, 50)), ms(pct(all_lists, 99)), "p99 <= 50 ms"),
     ]  # fmt: skip
-    for name, samples in lists.items():
+    notes, all_lists = [], {}
+    for name, (fill, submits, lists, arrived, (passes, pass_sum), _) in under_load.items():
+        store = STORE_NAMES[name]
+        all_lists[name] = samples = [t for v in lists.values() for t in v]
         rows.append(
-            (
-                f"  ListJobs {name} (page of 100)",
-                len(samples),
-                ms(pct(samples, 50)),
-                ms(pct(samples, 99)),
-                "",
-            )
+            (f"ListJobs on {store}, all kinds, {args.stored:,} stored + {arrived:.0f} "
+             "submits/s arriving", len(samples), ms(pct(samples, 50)), ms(pct(samples, 99)),
+             "p99 <= 50 ms")
+        )  # fmt: skip
+        for kind, samples in lists.items():
+            rows.append((f"  ListJobs {kind} (page of 100)", len(samples),
+                         ms(pct(samples, 50)), ms(pct(samples, 99)), ""))  # fmt: skip
+        durable = "fsync per job" if name == "sqlite" else "synchronous commit per job"
+        rows.append((f"SubmitJob on {store} during that load (durable: {durable})",
+                     len(submits), ms(pct(submits, 50)), ms(pct(submits, 99)), ""))  # fmt: skip
+        notes.append(
+            f"{store}: prefill of {args.stored:,} jobs took {fill:.1f} s (no fsync; one run dir "
+            f"each); the live launcher ran {passes:.0f} scheduling passes under load, "
+            f"{ms(pass_sum / max(passes, 1))} each on average (its own "
+            "`kitchen_scheduler_pass_duration_seconds`)."
         )
-    rows += [
-        ("SubmitJob during that load (durable: fsync per job)",
-         len(submits), ms(pct(submits, 50)), ms(pct(submits, 99)), ""),
-    ]  # fmt: skip
     for name, samples in passes_by_kind.items():
         what = f"Scheduling pass over {args.pending:,} pending: {name}"
         rows.append((what, len(samples), ms(pct(samples, 50)), ms(pct(samples, 99)), "<= 50 ms"))
+    side_by_side = [
+        "Side by side (calls alternating), p50 of `plan_job_by_job` / p50 of `plan`: "
+        + "; ".join(f"{case} {ratio:.1f}x" for case, ratio in ratios.items())
+        + "."
+    ]
+    if len(all_lists) == 2:
+        pg, lite = all_lists["postgres"], all_lists["sqlite"]
+        side_by_side.append(
+            "ListJobs under the same load, PostgreSQL / SQLite (same run, one after the other): "
+            f"p50 {pct(pg, 50) / pct(lite, 50):.1f}x, p99 {pct(pg, 99) / pct(lite, 99):.1f}x."
+        )
     lines = [
         "# Launcher benchmark",
         "",
         f"Run {time.strftime('%Y-%m-%d %H:%M %Z')} on {machine()}.",
         f"Load average when it began {load_before} (other sessions share these CPUs).",
-        f"Command: {command(p, args)}. Store prefill of {args.stored:,} jobs took {fill:.1f} s "
-        "(no fsync; one run dir each). The live launcher ran "
-        f"{passes:.0f} scheduling passes under load, {ms(pass_sum / max(passes, 1))} each on "
-        "average (its own `kitchen_scheduler_pass_duration_seconds`).",
+        f"Command: {command(p, args)}. " + " ".join(notes),
         "",
         "| what | samples | p50 | p99 | goal |",
         "| --- | ---: | ---: | ---: | --- |",
         *[f"| {a} | {b} | {c} | {d} | {e} |" for a, b, c, d, e in rows],
         "",
-        "Side by side (calls alternating), p50 of `plan_job_by_job` / p50 of `plan`: "
-        + "; ".join(f"{case} {ratio:.1f}x" for case, ratio in ratios.items())
-        + ".",
+        *side_by_side,
         "",
     ]
     text = "\n".join(lines)

@@ -5,8 +5,9 @@ PostgreSQL refuses to run as root: as root (Bazel's tests here) initdb and postg
 the `postgres` user (subprocess's user/group: no runuser needed on PATH); as anyone else, as
 that user. Each test takes a fresh
 database of its own from `server.create_database()`: one server per test module keeps the
-start (~2-5 s) out of every test. The server runs with fsync off: it is thrown away, and the
-store's durability is PostgreSQL's synchronous commit, not something a test could observe.
+start (~2-5 s) out of every test. Tests run it with fsync off (`durable=False`): it is thrown
+away, and the store's durability is not something a test could observe; the benchmark runs it
+durable, as a real server, to compare with SQLite's fsync per write.
 """
 
 import contextlib
@@ -68,7 +69,7 @@ class PostgresServer:
 
 
 @contextlib.contextmanager
-def running_postgres() -> Iterator[PostgresServer]:
+def running_postgres(durable: bool = False) -> Iterator[PostgresServer]:
     bindir = bin_dir()
     if bindir is None:
         raise RuntimeError("PostgreSQL is not installed (Debian: apt-get install postgresql)")
@@ -97,10 +98,11 @@ def running_postgres() -> Iterator[PostgresServer]:
         )  # fmt: skip
         os.unlink(pwfile)
         port = free_port()
+        fast = [] if durable else ["-c", "fsync=off", "-c", "full_page_writes=off"]
         process = subprocess.Popen(
             [f"{bindir}/postgres", "-D", data, "-p", str(port),
              "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
-             "-c", "fsync=off", "-c", "full_page_writes=off", "-c", "max_connections=200"],
+             "-c", "max_connections=200", *fast],
             stdout=log, stderr=log, **run_as,
         )  # fmt: skip
         server = PostgresServer(port, password, root)
