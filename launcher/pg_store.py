@@ -99,6 +99,7 @@ class PostgresStore(SqlStore):
         self._durable = durable
         self._idle: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(POOL_SIZE)
+        self._closed = False
         dirs = JobDirs.scan(self.runs_dir)
         try:
             self._open(dirs)
@@ -182,8 +183,9 @@ class PostgresStore(SqlStore):
             try:
                 yield _Db(conn)
             finally:
-                if conn.closed or conn.broken:
-                    conn.close()  # the server went away: the next call connects afresh
+                if conn.closed or conn.broken or self._closed:
+                    conn.close()  # the server went away (the next call connects afresh), or
+                    # the store was closed while this call ran
                 else:
                     self._idle.put(conn)
         finally:
@@ -207,6 +209,7 @@ class PostgresStore(SqlStore):
         db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (key,))
 
     def close(self):
+        self._closed = True
         while True:
             try:
                 self._idle.get_nowait().close()
