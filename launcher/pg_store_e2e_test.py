@@ -1,7 +1,8 @@
 """A real launcher process on the PostgreSQL store (a real PostgreSQL 15 on 127.0.0.1): it runs
 jobs with the fake trainer, is killed with -9, and a second launcher on the same database
 adopts the running job and finishes the queued one. The database password never shows in the
-launchers' logs, their errors, or the trainer's command line and environment."""
+launchers' logs, their errors, or the trainer's command line and environment. A full database
+disk holds the launcher's changes back with PostgreSQL's own error; it catches up after."""
 
 import os
 
@@ -95,3 +96,41 @@ def test_a_wrong_password_stops_the_launcher_with_a_message_without_it(
     )
     assert "password authentication failed" in err
     assert secret not in err and secret not in caplog.text
+
+
+# The database's disk cannot be filled here (it would take a filesystem of its own): a trigger
+# raises PostgreSQL's own disk_full error for every change to a stored job, as the server
+# would; a new job's row still fits (its insert writes the job into an empty row).
+DISK_FULL = (
+    "CREATE FUNCTION disk_full() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+    "RAISE EXCEPTION 'could not extend file: No space left on device' "
+    "USING ERRCODE = 'disk_full'; END $$",
+    "CREATE TRIGGER disk_full BEFORE UPDATE ON jobs FOR EACH ROW "
+    "WHEN (length(OLD.job) > 0) EXECUTE FUNCTION disk_full()",
+)
+
+
+def test_a_full_database_disk_holds_changes_back_and_the_launcher_catches_up(
+    postgres_server, tmp_path, monkeypatch, caplog
+):
+    dsn = postgres_server.create_database("full")
+    monkeypatch.setenv("KITCHEN_PG_DSN", dsn)
+    cfg = h.config(tmp_path, store=store_config(dsn_env="KITCHEN_PG_DSN"))
+    with h.started(cfg) as (_, client), psycopg.connect(dsn, autocommit=True) as db:
+        for statement in DISK_FULL:
+            db.execute(statement)
+        job = client.submit(h.spec("waits", steps=3))
+        h.wait_until(
+            lambda: "No space left on device" in client.get(job.id).waiting_reason,
+            "the job says why it waits",
+        )
+        assert client.get(job.id).waiting_reason.startswith(
+            "the launcher could not store its start (DiskFull: could not extend file: No space "
+            "left on device"
+        )  # PostgreSQL's own error, as it is
+        assert client.get(job.id).state == job_pb2.QUEUED
+        db.execute("DROP TRIGGER disk_full ON jobs")  # room again
+        done = h.wait_for(client, job.id, h.FINAL, timeout=60)
+        assert (done.state, done.attempts) == (job_pb2.SUCCEEDED, 1), done
+    logged = [r for r in caplog.records if "No space left on device" in r.getMessage()]
+    assert len(logged) == 1  # once, however many passes found the disk full
