@@ -11,7 +11,9 @@ What SQLite gets from its single writer is explicit here:
 - inserts with the same idempotency key wait for each other on a transaction advisory lock
   of (team, owner, request_id), so a retry racing the first call still gets the first job;
 - opening runs under an advisory lock (two launchers never both create or migrate the schema)
-  and raises the sequence above the newest run directory with `jobs` locked against inserts.
+  and raises the sequence above the newest run directory with `jobs` locked against inserts;
+- one launcher per database, as one per state dir: an open store holds a session advisory
+  lock, and a second launcher is refused naming the session that holds it.
 The schema version is the row `schema_version` of table `meta`; MIGRATIONS[v] takes a database
 from version v to v + 1. A launcher refuses a database newer than it knows, one that holds
 other tables but no job store, and (like SQLite's) a lost or foreign one (store_base.py).
@@ -59,6 +61,8 @@ assert len(MIGRATIONS) == SCHEMA_VERSION
 POOL_SIZE = 10  # a launcher's reads are single-row or one page: a few connections serve all
 POOL_WAIT_SECONDS = 30.0
 OPEN_LOCK = 0x6B69746368656E  # "kitchen" in ASCII: the advisory lock that serializes opening
+LAUNCHER_LOCK = OPEN_LOCK + 1  # held for a store's life: one launcher per database
+LOCK_WAIT_SECONDS = 5.0  # a launcher killed with -9 leaves its session within moments
 
 
 def display_name(dsn: str) -> str:
@@ -100,8 +104,10 @@ class PostgresStore(SqlStore):
         self._idle: queue.LifoQueue[psycopg.Connection] = queue.LifoQueue()
         self._slots = threading.BoundedSemaphore(POOL_SIZE)
         self._closed = False
+        self._holder: psycopg.Connection | None = None
         dirs = JobDirs.scan(self.runs_dir)
         try:
+            self._holder = self._hold_database()
             self._open(dirs)
         except psycopg.Error as e:
             self.close()
@@ -133,6 +139,34 @@ class PostgresStore(SqlStore):
                 db.execute("SELECT setval('job_ids', ?)", (dirs.newest,))
         log.info("jobs in %s (schema version %d, store %s)", self.name, SCHEMA_VERSION,
                  self.store_id)  # fmt: skip
+
+    def _hold_database(self) -> psycopg.Connection:
+        """A session of its own holding LAUNCHER_LOCK until close(): two launchers (two state
+        dirs) on one database would both run its jobs. Replicas that share one are not built
+        yet; when the server drops this session (a restart), the lock goes with it."""
+        conn = self._connect()
+        try:
+            conn.execute(f"SET lock_timeout = '{int(LOCK_WAIT_SECONDS * 1000)}ms'")
+            conn.execute("SELECT pg_advisory_lock(%s)", (LAUNCHER_LOCK,))
+            conn.execute("SET lock_timeout = 0")
+            return conn
+        except psycopg.errors.LockNotAvailable:
+            holder = conn.execute(
+                "SELECT coalesce(host(a.client_addr), 'a local socket'), a.pid, "
+                "to_char(a.backend_start, 'YYYY-MM-DD HH24:MI:SS TZ') FROM pg_locks l "
+                "JOIN pg_stat_activity a USING (pid) WHERE l.locktype = 'advisory' "
+                "AND l.granted AND l.classid = %s AND l.objid = %s",
+                (LAUNCHER_LOCK >> 32, LAUNCHER_LOCK & 0xFFFFFFFF),
+            ).fetchone()
+            conn.close()
+            where = "from {} (server pid {}), connected {}".format(*holder) if holder else "gone"
+            raise StoreError(
+                f"{self.name}: in use by another launcher (its session: {where}): one launcher "
+                "per database; stop that one, or give this one a database of its own"
+            ) from None
+        except BaseException:
+            conn.close()
+            raise
 
     def _existing(self, db, tables: set) -> str:
         """The store id of a database that holds tables, migrated to SCHEMA_VERSION."""
@@ -210,6 +244,8 @@ class PostgresStore(SqlStore):
 
     def close(self):
         self._closed = True
+        if self._holder is not None:
+            self._holder.close()  # the next launcher may take the database
         while True:
             try:
                 self._idle.get_nowait().close()

@@ -3,6 +3,7 @@ this module, launcher/testdata/postgres.py): ids, run dirs, idempotency keys, pa
 write, and refusing a database that is lost, foreign, newer or not a job store."""
 
 import os
+import re
 import shutil
 import sqlite3
 import stat
@@ -11,6 +12,7 @@ import threading
 import psycopg
 import pytest
 
+from launcher import pg_store
 from launcher.pg_store import PostgresStore
 from launcher.store import JobStore
 from launcher.store_base import PageTokenError, RequestIdReused, StoreError
@@ -147,20 +149,21 @@ def test_concurrent_writers_lose_nothing(backend, tmp_path):
     assert len(os.listdir(tmp_path / "runs")) == 200 + 1  # and store.json
 
 
-def test_two_stores_on_one_database_race_one_request_id_to_one_job(backend):
-    """Two launchers' stores (two pools of connections) retrying one submission at once."""
-    stores = [backend.open(), backend.open()]
+def test_threads_racing_one_request_id_get_one_job(backend):
+    """A client's retries arriving at once, on as many threads (and, on PostgreSQL, as many
+    connections of the store's pool)."""
+    store = backend.open()
     results, errors = [], []
     barrier = threading.Barrier(8)
 
-    def submit(store):
+    def submit():
         try:
             barrier.wait()
             results.append(store.insert(new_job(name="once"), request_id="retry-me"))
         except Exception as e:  # collected: a failure in a thread must fail the test
             errors.append(e)
 
-    threads = [threading.Thread(target=submit, args=(stores[i % 2],)) for i in range(8)]
+    threads = [threading.Thread(target=submit) for _ in range(8)]
     for t in threads:
         t.start()
     for t in threads:
@@ -168,9 +171,8 @@ def test_two_stores_on_one_database_race_one_request_id_to_one_job(backend):
     assert errors == []
     assert {job.id for job, _ in results} == {"j1"}
     assert sum(created for _, created in results) == 1
-    assert [j.id for j in stores[1].page()[0]] == ["j1"]
-    for store in stores:
-        store.close()
+    assert [j.id for j in store.page()[0]] == ["j1"]
+    store.close()
 
 
 def test_a_lost_database_with_runs_present_is_refused(backend, tmp_path):
@@ -305,6 +307,27 @@ def test_a_postgres_store_reconnects_after_losing_its_connections(postgres_serve
     assert store.get("j1") is not None
     assert store.insert(new_job())[0].id == "j2"
     store.close()
+
+
+def test_one_launcher_per_postgres_database(postgres_server, tmp_path, monkeypatch):
+    """Two launchers (two state dirs) on one database would both run its jobs: the second
+    store is refused while the first is open, naming the session that holds it."""
+    monkeypatch.setattr(pg_store, "LOCK_WAIT_SECONDS", 0.5)
+    backend = Postgres(tmp_path, postgres_server)
+    first = backend.open("a")
+    dsn = postgres_server.dsn(backend.database("a"))
+    with pytest.raises(StoreError) as err:
+        PostgresStore(dsn, str(tmp_path / "b"))
+    assert re.fullmatch(
+        rf"{re.escape(backend.db_name('a'))}: in use by another launcher \(its session: from "
+        r"127\.0\.0\.1 \(server pid \d+\), connected 20\d\d-.*\): one launcher per database; "
+        "stop that one, or give this one a database of its own",
+        str(err.value),
+    ), err.value
+    first.close()
+    second = PostgresStore(dsn, str(tmp_path / "b"))  # taken over once the first let go
+    assert second.insert(new_job())[0].id == "j1"
+    second.close()
 
 
 def test_postgres_errors_never_show_the_password(postgres_server, tmp_path):
