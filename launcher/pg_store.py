@@ -178,6 +178,8 @@ class PostgresStore(SqlStore):
                 f"{self.name}: a PostgreSQL database, but not a job store (tables: "
                 f"{', '.join(sorted(tables))}); name an empty database, or the launcher's own"
             )
+        if not row[0].isdigit():
+            raise StoreError(f"{self.name}: schema_version {row[0]!r} in table meta: not a number")
         version = int(row[0])
         if version > SCHEMA_VERSION:
             raise self._newer_refused(version, SCHEMA_VERSION)
