@@ -5,9 +5,9 @@
 1. Submit-to-RUNNING on an idle pool: SubmitJob, then WatchJob until RUNNING (one job at a
    time; the "trainer" is a Python process that sleeps, so process start is included).
 2. ListJobs with 10,000 jobs stored while 100 submissions/s arrive (goal: p99 <= 50 ms):
-   newest-100 pages, state-filtered and team-filtered pages, from 4 client threads; once per
-   store (--stores): SQLite, then PostgreSQL (a durable PostgreSQL 15 started here on
-   127.0.0.1, launcher/testdata/postgres.py), side by side in the same run.
+   newest-100 pages, state-filtered and team-filtered pages, from 4 client threads; on each
+   store (--stores): SQLite and PostgreSQL (a durable PostgreSQL 15 started here on
+   127.0.0.1, launcher/testdata/postgres.py), two launchers taking the load in turns of 2 s.
 3. One scheduling pass over 10,000 pending jobs (goal: <= 50 ms): the pure `scheduler.plan`
    beside `scheduler.plan_job_by_job` (the same rules applied to every job, which `plan`
    must equal), and the launcher's whole pass (`Controller._schedule`: holdings, plan,
@@ -16,6 +16,7 @@ Results are medians and 99th percentiles of the samples taken here, printed as M
 """
 
 import argparse
+import contextlib
 import functools
 import os
 import platform
@@ -42,6 +43,7 @@ TEAMS = ["nlp", "vision", "speech", "infra"]
 SUBMITTERS = 4  # client threads sharing the submission rate
 LISTERS = 4  # people and dashboards listing jobs ...
 LIST_RATE = 40.0  # ... this many ListJobs a second in all
+SLICE_SECONDS = 2.0  # with both stores, each takes the load this long in turn
 DSN_ENV = "KITCHEN_BENCH_PG_DSN"  # how the benchmark's launcher finds its PostgreSQL
 STORE_NAMES = {"sqlite": "SQLite", "postgres": "PostgreSQL"}
 
@@ -105,75 +107,88 @@ def fill_store(path, n, state, team_of=lambda i: TEAMS[i % len(TEAMS)], pool="cp
     store.close()
 
 
-def list_under_load(tmp, stored, rate, seconds, dsn=""):
-    """ListJobs and SubmitJob times under load, on SQLite, or on PostgreSQL at `dsn`."""
-    state_dir = os.path.join(tmp, "busy-postgres" if dsn else "busy")
-    os.makedirs(state_dir)
-    t0 = time.perf_counter()
-    fill_store(os.path.join(state_dir, "jobs.sqlite"), stored, job_pb2.SUCCEEDED, dsn=dsn)
-    fill_seconds = time.perf_counter() - t0
-    os.environ[DSN_ENV] = dsn
-    launcher = Launcher(config(state_dir, postgres=bool(dsn))).start()
-    client = Client(launcher.address)
-    blocker = client.submit(spec("blocker", priority=100))  # holds the pool: arrivals queue up
-    stop = threading.Event()
-    submit_times: list[float] = []
-    list_times: dict[str, list[float]] = {"newest 100": [], "state=QUEUED": [], "team=vision": []}
+class BusyLauncher:
+    """One store's launcher for part 2: `stored` finished jobs, its pool held by a blocker so
+    arrivals queue up; `drive()` sends it submissions and lists for a while. With both stores,
+    the two launchers take turns (SLICE_SECONDS each), so that each sees the same machine."""
 
-    def paced(per_second, call):
-        """Calls `call(i)` per_second times a second on its own schedule until stopped."""
-        next_at, i = time.perf_counter(), 0
-        while not stop.is_set():
-            call(i)
-            i += 1
-            next_at += 1.0 / per_second
-            time.sleep(max(0.0, next_at - time.perf_counter()))
+    def __init__(self, tmp, stored, dsn=""):
+        state_dir = os.path.join(tmp, "busy-postgres" if dsn else "busy")
+        os.makedirs(state_dir)
+        t0 = time.perf_counter()
+        fill_store(os.path.join(state_dir, "jobs.sqlite"), stored, job_pb2.SUCCEEDED, dsn=dsn)
+        self.fill_seconds = time.perf_counter() - t0
+        os.environ[DSN_ENV] = dsn  # read once, when the launcher opens its store
+        self.launcher = Launcher(config(state_dir, postgres=bool(dsn))).start()
+        self.client = Client(self.launcher.address)
+        self.blocker = self.client.submit(spec("blocker", priority=100))
+        self.submit_times: list[float] = []
+        self.list_times: dict[str, list[float]] = {
+            "newest 100": [], "state=QUEUED": [], "team=vision": []
+        }  # fmt: skip
+        self.seconds = 0.0
 
-    def submitter(k):
-        own = Client(launcher.address)
+    def drive(self, rate, seconds):
+        stop = threading.Event()
+        address = self.launcher.address
 
-        def one(i):
-            t = time.perf_counter()
-            own.submit(spec(f"new-{k}-{i}", TEAMS[i % len(TEAMS)]))
-            submit_times.append(time.perf_counter() - t)
+        def paced(per_second, call):
+            """Calls `call(i)` per_second times a second on its own schedule until stopped."""
+            next_at, i = time.perf_counter(), 0
+            while not stop.is_set():
+                call(i)
+                i += 1
+                next_at += 1.0 / per_second
+                time.sleep(max(0.0, next_at - time.perf_counter()))
 
-        paced(rate / SUBMITTERS, one)
-        own.close()
+        def submitter(k):
+            own = Client(address)
 
-    def lister(k):
-        own = Client(launcher.address)
-        kinds = [
-            ("newest 100", {}),
-            ("state=QUEUED", {"states": [job_pb2.QUEUED]}),
-            ("team=vision", {"team": "vision"}),
-        ]
+            def one(i):
+                t = time.perf_counter()
+                own.submit(spec(f"new-{k}-{i}", TEAMS[i % len(TEAMS)]))
+                self.submit_times.append(time.perf_counter() - t)
 
-        def one(i):
-            name, filters = kinds[(i + k) % len(kinds)]
-            t = time.perf_counter()
-            own.list(page_size=100, **filters)
-            list_times[name].append(time.perf_counter() - t)
+            paced(rate / SUBMITTERS, one)
+            own.close()
 
-        paced(LIST_RATE / LISTERS, one)
-        own.close()
+        def lister(k):
+            own = Client(address)
+            kinds = [
+                ("newest 100", {}),
+                ("state=QUEUED", {"states": [job_pb2.QUEUED]}),
+                ("team=vision", {"team": "vision"}),
+            ]
 
-    threads = [threading.Thread(target=submitter, args=(k,)) for k in range(SUBMITTERS)]
-    threads += [threading.Thread(target=lister, args=(k,)) for k in range(LISTERS)]
-    for t in threads:
-        t.start()
-    time.sleep(seconds)
-    stop.set()
-    for t in threads:
-        t.join()
-    passes = launcher.metrics.scheduler_pass.collect()[0].samples
-    count = next(s.value for s in passes if s.name.endswith("_count"))
-    total = next(s.value for s in passes if s.name.endswith("_sum"))
-    queued = client.list(states=[job_pb2.QUEUED], page_size=1)
-    client.cancel(blocker.id)
-    client.close()
-    launcher.stop()
-    arrived = len(submit_times) / seconds
-    return fill_seconds, submit_times, list_times, arrived, (count, total), queued
+            def one(i):
+                name, filters = kinds[(i + k) % len(kinds)]
+                t = time.perf_counter()
+                own.list(page_size=100, **filters)
+                self.list_times[name].append(time.perf_counter() - t)
+
+            paced(LIST_RATE / LISTERS, one)
+            own.close()
+
+        threads = [threading.Thread(target=submitter, args=(k,)) for k in range(SUBMITTERS)]
+        threads += [threading.Thread(target=lister, args=(k,)) for k in range(LISTERS)]
+        for t in threads:
+            t.start()
+        time.sleep(seconds)
+        stop.set()
+        for t in threads:
+            t.join()
+        self.seconds += seconds
+
+    def finish(self):
+        """(fill s, submit times, list times by kind, arrivals/s, (passes, their total s))."""
+        passes = self.launcher.metrics.scheduler_pass.collect()[0].samples
+        count = next(s.value for s in passes if s.name.endswith("_count"))
+        total = next(s.value for s in passes if s.name.endswith("_sum"))
+        self.client.cancel(self.blocker.id)
+        self.client.close()
+        self.launcher.stop()
+        arrived = len(self.submit_times) / self.seconds
+        return self.fill_seconds, self.submit_times, self.list_times, arrived, (count, total)
 
 
 def timed(repeats, call):
@@ -299,22 +314,26 @@ def main():
     if not stores or not set(stores) <= set(STORE_NAMES):
         p.error(f"--stores: a comma-separated list of {', '.join(STORE_NAMES)}")
     load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    under_load = {}
     with tempfile.TemporaryDirectory(prefix="kitchen-bench-") as tmp:
         print(f"1/3 submit-to-RUNNING, {args.idle_jobs} jobs one at a time ...", flush=True)
         idle, idle_server = submit_to_running(tmp, args.idle_jobs)
-        for name in stores:
-            print(
-                f"2/3 ListJobs on {STORE_NAMES[name]} with {args.stored:,} stored, "
-                f"{args.rate:.0f} submits/s ...",
-                flush=True,
-            )
-            load = functools.partial(list_under_load, tmp, args.stored, args.rate, args.seconds)
-            if name == "postgres":
-                with running_postgres(durable=True) as server:
-                    under_load[name] = load(dsn=server.create_database("bench"))
-            else:
-                under_load[name] = load()
+        print(
+            f"2/3 ListJobs on {' and '.join(STORE_NAMES[n] for n in stores)} with "
+            f"{args.stored:,} stored, {args.rate:.0f} submits/s ...",
+            flush=True,
+        )
+        with contextlib.ExitStack() as stack:
+            busy = {}
+            for name in stores:
+                dsn = ""
+                if name == "postgres":
+                    server = stack.enter_context(running_postgres(durable=True))
+                    dsn = server.create_database("bench")
+                busy[name] = BusyLauncher(tmp, args.stored, dsn)
+            for _ in range(max(1, round(args.seconds / SLICE_SECONDS))):
+                for launcher in busy.values():
+                    launcher.drive(args.rate, SLICE_SECONDS)
+            under_load = {name: launcher.finish() for name, launcher in busy.items()}
         print(f"3/3 scheduling passes over {args.pending:,} pending jobs ...", flush=True)
         passes_by_kind, ratios = scheduler_passes(tmp, args.pending, repeats=50)
 
@@ -325,7 +344,7 @@ def main():
          len(idle_server), ms(pct(idle_server, 50)), ms(pct(idle_server, 99)), ""),
     ]  # fmt: skip
     notes, all_lists = [], {}
-    for name, (fill, submits, lists, arrived, (passes, pass_sum), _) in under_load.items():
+    for name, (fill, submits, lists, arrived, (passes, pass_sum)) in under_load.items():
         store = STORE_NAMES[name]
         all_lists[name] = samples = [t for v in lists.values() for t in v]
         rows.append(
@@ -341,7 +360,7 @@ def main():
                      len(submits), ms(pct(submits, 50)), ms(pct(submits, 99)), ""))  # fmt: skip
         notes.append(
             f"{store}: prefill of {args.stored:,} jobs took {fill:.1f} s (no fsync; one run dir "
-            f"each); the live launcher ran {passes:.0f} scheduling passes under load, "
+            f"each); its launcher ran {passes:.0f} scheduling passes in part 2, "
             f"{ms(pass_sum / max(passes, 1))} each on average (its own "
             "`kitchen_scheduler_pass_duration_seconds`)."
         )
@@ -356,7 +375,8 @@ def main():
     if len(all_lists) == 2:
         pg, lite = all_lists["postgres"], all_lists["sqlite"]
         side_by_side.append(
-            "ListJobs under the same load, PostgreSQL / SQLite (same run, one after the other): "
+            f"ListJobs under the same load, PostgreSQL / SQLite (taking turns every "
+            f"{SLICE_SECONDS:g} s): "
             f"p50 {pct(pg, 50) / pct(lite, 50):.1f}x, p99 {pct(pg, 99) / pct(lite, 99):.1f}x."
         )
     lines = [
