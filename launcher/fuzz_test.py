@@ -1,15 +1,18 @@
 """Hostile specs over raw gRPC (seeded, so a failure replays): the launcher answers each with
 a job or an error naming the field, never an internal error; the control loop never fails;
-every accepted job ends; a well-behaved job submitted alongside them succeeds."""
+every accepted job ends; a well-behaved job submitted alongside them succeeds. On both stores:
+SQLite, and a real PostgreSQL 15 started for the module."""
 
 import logging
 import math
+import os
 import random
 
 import grpc
 import pytest
 
 from launcher.testdata import harness as h
+from launcher.testdata.postgres import running_postgres
 from protos import job_pb2, launcher_pb2
 
 SEED = 20261201
@@ -88,9 +91,20 @@ def hostile_requests(rng: random.Random, state: str):
         yield [(p, repr(v)[:40]) for p, v in picked], body.SerializeToString()
 
 
-@pytest.fixture
-def launcher(tmp_path):
+@pytest.fixture(scope="module")
+def postgres_server():
+    with running_postgres() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def launcher(request, tmp_path, monkeypatch):
+    """A launcher on each store: what one stores and the other refuses shows here."""
     cfg = h.config(tmp_path, nodes=2)
+    if request.param == "postgres":
+        server = request.getfixturevalue("postgres_server")
+        monkeypatch.setenv("KITCHEN_PG_DSN", server.create_database(f"fuzz{os.getpid()}"))
+        cfg.store.postgres.dsn_env = "KITCHEN_PG_DSN"
     with h.started(cfg) as (launcher, client):
         yield launcher, client, cfg
 
@@ -112,6 +126,11 @@ def test_hostile_specs_never_stop_the_launcher(launcher, caplog):
             assert len(e.details()) < 1000 and e.details().startswith("spec."), (picked, e)
             refused.append(picked)
     assert len(refused) >= SPECS // 2 and len(accepted) >= 10, (len(refused), len(accepted))
+    with pytest.raises(grpc.RpcError) as nul:
+        client.submit(h.spec("nul-key"), request_id="retry\x00me")
+    assert (nul.value.code(), nul.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "request_id: contains a NUL character",
+    )  # fmt: skip
     for _, job in accepted:  # what passed the rules is a job that can run: it ends
         h.wait_for(client, job.id, h.FINAL, timeout=60)
     assert h.wait_for(client, victim.id, h.FINAL, timeout=60).state == job_pb2.SUCCEEDED

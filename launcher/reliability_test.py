@@ -4,65 +4,10 @@ it runs, so "nothing ran twice" and "resumed from the checkpoint" are checked on
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 
-import yaml
-from google.protobuf import json_format
-
-from launcher import health
 from launcher.testdata import harness as h
 from protos import job_pb2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class LauncherProcess:
-    """`python -m launcher.server` in its own process, so that it can be killed with -9."""
-
-    def __init__(self, tmp_path, cfg):
-        cfg.listen = f"127.0.0.1:{free_port()}"  # the same port after a restart
-        self.path = tmp_path / "launcher.yaml"
-        self.path.write_text(
-            yaml.safe_dump(json_format.MessageToDict(cfg, preserving_proto_field_name=True))
-        )
-        self.address = cfg.listen
-        self.log = open(tmp_path / "launcher.log", "ab")  # noqa: SIM115
-        self.proc: subprocess.Popen | None = None
-
-    def start(self):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher.server", "--config", str(self.path)],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env,
-        )  # fmt: skip
-        client = h.Client(self.address)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if health.check(client.channel, timeout=1) == health.SERVING:
-                    return client
-            except Exception:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    raise
-                time.sleep(0.1)
-
-    def kill9(self):
-        assert self.proc is not None, "kill9 before start"
-        self.proc.kill()
-        self.proc.wait()
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
-        self.log.close()
 
 
 def assert_each_step_once(job, attempts=(1,)):
@@ -77,7 +22,7 @@ def test_kill9_launcher_with_jobs_queued_running_and_stopping(tmp_path):
     h.behave(tmp_path, "short", steps=6, step_seconds=0.12)  # ends while the launcher is down
     h.behave(tmp_path, "stubborn", steps=10_000, step_seconds=0.05, ignore_term=True,
              hang_at=10**9, hang_attempts=[1])  # fmt: skip
-    proc = LauncherProcess(tmp_path, cfg)
+    proc = h.LauncherProcess(tmp_path, cfg)
     client = proc.start()
     try:
         long = client.submit(h.spec("long"))

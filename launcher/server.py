@@ -34,7 +34,8 @@ from launcher.executors.slurm import SlurmExecutor
 from launcher.health import NOT_SERVING, Health
 from launcher.metrics import LauncherMetrics
 from launcher.service import LauncherService
-from launcher.store import JobStore, StoreError
+from launcher.store import JobStore
+from launcher.store_base import Store, StoreError
 from launcher.stream_limits import LimitInterceptor, Streams
 from protos import launcher_pb2, launcher_pb2_grpc
 from protos.config_yaml import ConfigError, load_message
@@ -55,6 +56,16 @@ def _executor(pool, cfg, confine: Sandbox | None):
             pool, list(cfg.torchrun_cmd), cfg.kill_grace_seconds, state_dir=cfg.state_dir
         )
     return LocalExecutor(list(cfg.torchrun_cmd), images=cfg.images, sandbox=confine)
+
+
+def open_store(cfg: launcher_pb2.LauncherConfig) -> Store:
+    """The store a resolved config names: PostgreSQL with store.postgres, else SQLite at
+    <state_dir>/jobs.sqlite. Run directories are in the state dir either way."""
+    if cfg.store.HasField("postgres"):
+        from launcher.pg_store import PostgresStore  # psycopg loads only when it is used
+
+        return PostgresStore(settings.store_dsn(cfg), cfg.state_dir)
+    return JobStore(os.path.join(cfg.state_dir, "jobs.sqlite"))
 
 
 def _host_port(address: str):
@@ -79,7 +90,7 @@ class Launcher:
                 f"state dir {self.cfg.state_dir} is in use by a launcher ({owner}); pass its "
                 "address with --launcher, or use another state dir (KITCHEN_STATE_DIR)"
             ) from None
-        self.store = JobStore(os.path.join(self.cfg.state_dir, "jobs.sqlite"))
+        self.store = open_store(self.cfg)
         self.auth = TokenAuth(self.cfg.tokens_file) if self.cfg.tokens_file else None
         self.events = JobEvents()
         self.health = Health()

@@ -13,7 +13,7 @@ import grpc
 from launcher import validation
 from launcher.auth import TokenAuth, bearer
 from launcher.controller import FINAL
-from launcher.store import PageTokenError, RequestIdReused
+from launcher.store_base import PageTokenError, RequestIdReused
 from protos import job_pb2, launcher_pb2, launcher_pb2_grpc, run_refs
 from protos.config_yaml import ConfigError
 
@@ -68,6 +68,8 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
             pool = validation.validate(spec, self.cfg, self.store.team_of)
         except ConfigError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"spec.{e.field}: {e.problem}")
+        if "\x00" in request.request_id:  # PostgreSQL's text takes none: refused on every store
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "request_id: contains a NUL character")
         job = job_pb2.Job(spec=spec, pool=pool)
         for r in resolved:
             job.resolved.add(field=r.field, reference=r.reference, job_id=r.job_id, path=r.path)

@@ -126,7 +126,46 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
     if bool(out.tls_cert) != bool(out.tls_key):
         raise ConfigError("tls_cert", "TLS needs both tls_cert and tls_key")
     _check_exposure(out)
+    _resolve_store(out)
     return out
+
+
+def _resolve_store(cfg: launcher_pb2.LauncherConfig) -> None:
+    if not cfg.store.HasField("postgres"):
+        return  # SQLite in the state dir
+    pg = cfg.store.postgres
+    if bool(pg.dsn_file) == bool(pg.dsn_env):
+        raise ConfigError(
+            "store.postgres", "set one of dsn_file and dsn_env (the connection string is never "
+            "written in the config: it may hold a password)",
+        )  # fmt: skip
+    pg.dsn_file = user_path(pg.dsn_file)
+    store_dsn(cfg)  # readable and set, now rather than when the store opens
+
+
+def store_dsn(cfg: launcher_pb2.LauncherConfig) -> str:
+    """The PostgreSQL connection string of store.postgres, from its file or environment
+    variable. It may hold a password: no message here repeats it."""
+    pg = cfg.store.postgres
+    if pg.dsn_env:
+        field, dsn = "store.postgres.dsn_env", os.environ.get(pg.dsn_env, "")
+        if not dsn:
+            raise ConfigError(field, f"the environment variable {pg.dsn_env} is not set or empty")
+        return dsn.strip()
+    field = "store.postgres.dsn_file"
+    try:
+        with open(pg.dsn_file, encoding="utf-8") as f:
+            if os.fstat(f.fileno()).st_mode & 0o077:
+                raise ConfigError(
+                    field, f"{pg.dsn_file} may be read by group or others: chmod 600 it (it "
+                    "may hold the database password)",
+                )  # fmt: skip
+            dsn = f.read().strip()
+    except OSError as err:
+        raise ConfigError(field, f"{pg.dsn_file}: cannot read: {err.strerror}") from None
+    if not dsn:
+        raise ConfigError(field, f"{pg.dsn_file} is empty")
+    return dsn
 
 
 def _resolve_sandbox(cfg: launcher_pb2.LauncherConfig) -> None:

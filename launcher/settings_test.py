@@ -60,3 +60,33 @@ def test_metrics_off_loopback_with_auth_need_their_own_token(tmp_path):
     exposure.metrics_token_file = str(good)
     cfg = resolve(tmp_path, tokens_file=str(tokens), metrics_listen=":9464", exposure=exposure)
     assert not cfg.exposure.metrics_job_names  # a shared launcher shows ids, not names
+
+
+def test_the_postgres_connection_string_comes_from_a_file_or_the_environment(tmp_path, monkeypatch):
+    secret = "host=db.example dbname=kitchen user=k password=hunter2-secret"
+    store = launcher_pb2.StoreConfig
+    assert not resolve(tmp_path).store.HasField("postgres")  # the default: SQLite
+    neither = refused(tmp_path, store=store(postgres=launcher_pb2.PostgresStore()))
+    assert neither.startswith("store.postgres: set one of dsn_file and dsn_env")
+    both = launcher_pb2.PostgresStore(dsn_file="f", dsn_env="E")
+    assert refused(tmp_path, store=store(postgres=both)).startswith("store.postgres: set one")
+
+    by_env = store(postgres=launcher_pb2.PostgresStore(dsn_env="KITCHEN_TEST_DSN"))
+    monkeypatch.delenv("KITCHEN_TEST_DSN", raising=False)
+    assert refused(tmp_path, store=by_env) == (
+        "store.postgres.dsn_env: the environment variable KITCHEN_TEST_DSN is not set or empty"
+    )
+    monkeypatch.setenv("KITCHEN_TEST_DSN", secret)
+    assert settings.store_dsn(resolve(tmp_path, store=by_env)) == secret
+
+    path = tmp_path / "dsn"
+    path.write_text(secret + "\n")
+    path.chmod(0o644)
+    by_file = store(postgres=launcher_pb2.PostgresStore(dsn_file=str(path)))
+    message = refused(tmp_path, store=by_file)
+    assert message.startswith(f"store.postgres.dsn_file: {path} may be read by group or others")
+    path.chmod(0o600)
+    assert settings.store_dsn(resolve(tmp_path, store=by_file)) == secret
+    path.write_text("")
+    assert refused(tmp_path, store=by_file) == f"store.postgres.dsn_file: {path} is empty"
+    assert "hunter2" not in message + neither

@@ -21,7 +21,7 @@ import grpc
 from launcher.client import Client
 from launcher.live_view import EXIT_CODES, LiveView, follow
 from launcher.server import Launcher, StateDirBusy
-from launcher.store import StoreError
+from launcher.store_base import StoreError
 from protos import job_pb2, launcher_pb2
 from protos.config_yaml import ConfigError, load_job_spec
 from protos.enums import enum_name

@@ -6,7 +6,8 @@ this order (a later one covers an earlier one):
    the Python installation, the trainer and torchrun commands' files, and the directories a
    Bazel runfiles tree links into) and `sandbox.readonly`;
 2. the launcher's state dir as an empty tmpfs, and its secret files (tokens_file, tls_key, the
-   metrics token) as /dev/null, wherever step 1 made them visible;
+   metrics token, the PostgreSQL store's dsn_file) as /dev/null, wherever step 1 made them
+   visible;
 3. writable: the attempt's precook cache dir, the job's run directory and an EXPORT job's
    hf.path; /tmp is the attempt's own `tmp/` (mounted first of all);
 4. read-only: the launcher's TLS root certificate (public), and each path the spec names,
@@ -91,7 +92,10 @@ def _outputs(spec: job_pb2.JobSpec) -> list[str]:
 
 def launcher_secrets(cfg: launcher_pb2.LauncherConfig) -> list[str]:
     """The launcher's own secret files, resolved: never readable in a sandbox."""
-    files = (cfg.tokens_file, cfg.tls_key, cfg.exposure.metrics_token_file)
+    files = (
+        cfg.tokens_file, cfg.tls_key, cfg.exposure.metrics_token_file,
+        cfg.store.postgres.dsn_file,
+    )  # fmt: skip
     return [os.path.realpath(f) for f in files if f]
 
 

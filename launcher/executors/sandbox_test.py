@@ -217,3 +217,12 @@ def test_an_export_job_writes_its_hf_path_and_nothing_else_it_names(world):
     assert seen.exit_code == 0, open(launch.log_path).read()
     assert (out / "config.json").read_text() == "{}"
     assert "refused Read-only file system" in open(launch.log_path).read()
+
+
+def test_the_store_connection_string_file_is_one_of_the_launchers_secrets(tmp_path):
+    """A dsn_file in a directory the sandbox shows (the repository's configs/, say) reads as
+    /dev/null inside it, like the tokens file."""
+    dsn = tmp_path / "configs" / "pg-dsn"
+    cfg = launcher_pb2.LauncherConfig(tokens_file=str(tmp_path / "tokens.yaml"))
+    cfg.store.postgres.dsn_file = str(dsn)
+    assert sandbox.launcher_secrets(cfg) == [str(tmp_path / "tokens.yaml"), str(dsn)]

@@ -3,10 +3,16 @@
 import contextlib
 import json
 import os
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 
+import yaml
+from google.protobuf import json_format
+
+from launcher import health
 from launcher.client import Client
 from launcher.executors.base import read_json
 from launcher.server import Launcher
@@ -149,3 +155,52 @@ def where_it_shows(secret: str, pids) -> list[str]:
             except OSError:
                 continue  # gone meanwhile
     return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LauncherProcess:
+    """`python -m launcher.server` in its own process, so that it can be killed with -9."""
+
+    def __init__(self, tmp_path, cfg, env=None):
+        cfg.listen = f"127.0.0.1:{free_port()}"  # the same port after a restart
+        self.path = tmp_path / "launcher.yaml"
+        self.path.write_text(
+            yaml.safe_dump(json_format.MessageToDict(cfg, preserving_proto_field_name=True))
+        )
+        self.address = cfg.listen
+        self.log = open(tmp_path / "launcher.log", "ab")  # noqa: SIM115
+        self.env = env or {}  # added to this process's environment
+        self.proc: subprocess.Popen | None = None
+
+    def start(self):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **self.env}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "launcher.server", "--config", str(self.path)],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+        client = Client(self.address)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if health.check(client.channel, timeout=1) == health.SERVING:
+                    return client
+            except Exception:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise
+                time.sleep(0.1)
+
+    def kill9(self):
+        assert self.proc is not None, "kill9 before start"
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+        self.log.close()
