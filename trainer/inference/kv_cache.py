@@ -10,8 +10,8 @@ of a position side by side, so a step writes them with one index and reads a seq
 with one index per block (`PagedKVCache.gather`: whole blocks, not position by position).
 Attention then runs PyTorch's scaled_dot_product_attention on the gathered (batch, context)
 tensor. vLLM's PagedAttention kernel reads the blocks in place instead; on CPU at this size the
-copy of whole blocks is a small part of the step (bench/serve_results.md has the profile), and
-it keeps the attention the same op the `generate` job runs.
+copy of whole blocks is a small part of the step (trainer/bench/serve_results.md has the
+profile), and it keeps the attention the same op the `generate` job runs.
 
 Prefix caching (serve.prefix_caching, vLLM's automatic prefix caching, SGLang's RadixAttention
 in blocks): a full block is named by a hash chained over every token up to its end (and a VLM

@@ -5,7 +5,7 @@ Why a process and not a thread: a step is Python and small tensor ops that hold 
 so is the HTTP server (uvicorn, one server-sent event per token per client). In one process
 they take turns on one core; in two, the HTTP work of one step runs beside the model work of
 the next. On the 2-core bench machine that is most of continuous batching's lead over one
-request at a time (bench/serve_results.md).
+request at a time (trainer/bench/serve_results.md).
 
 Messages are pickled, one per step each way at most; tensors in them (the model at start, a
 VLM's image) travel as torch.multiprocessing sends them: CPU tensors in shared memory, CUDA

@@ -1,6 +1,6 @@
 """Where an engine step's time goes: one request at a time against 32 decoding together.
 
-    python -m trainer.serve.bench.step_profile [--batch 32] [--max-tokens 64]
+    python -m trainer.bench.serve_step_profile [--batch 32] [--max-tokens 64]
 
 The engine alone (no HTTP), on serve_bench's model: first the time per generated token of each
 side without a profiler, then each side under cProfile with the CPU time split into the parts
@@ -19,10 +19,10 @@ import torch
 
 from protos import defaults, trainer_config_pb2
 from trainer.bench.machine import cpu_ticks, stolen_share
+from trainer.bench.serve_bench import VOCAB, bench_model
 from trainer.inference.engine import Engine, Request, SamplingParams
 from trainer.inference.kv_cache import PagedKVCache
 from trainer.inference.paged_model import StepBatch
-from trainer.serve.bench.serve_bench import VOCAB, bench_model
 
 # The parts of a step: functions whose cumulative time is counted (disjoint: none calls
 # another), and the two tensor ops that do the arithmetic.

@@ -1,6 +1,6 @@
 """Prefix caching and chunked prefill, each on against off, side by side in one run, over HTTP.
 
-    python -m trainer.serve.bench.features_bench [--rounds 3]
+    python -m trainer.bench.serve_features_bench [--rounds 3]
 
 One randomly initialised model (dim 128, 2 layers, 4 heads, vocab 4096, 2,304 positions) is
 served on 127.0.0.1 by servers that differ in one setting; clients stream from a process of
@@ -31,10 +31,10 @@ import torch
 
 from protos import defaults, trainer_config_pb2
 from trainer.bench.machine import machine
+from trainer.bench.serve_bench import decode, encode
+from trainer.bench.serve_load import Result, run_clients, summarize
 from trainer.model import Transformer
 from trainer.serve.api import ServedModel
-from trainer.serve.bench.load import Result, run_clients, summarize
-from trainer.serve.bench.serve_bench import decode, encode
 from trainer.serve.server import Server
 
 VOCAB = 4096

@@ -1,6 +1,6 @@
 """Continuous batching against one request at a time, side by side in one run, over HTTP.
 
-    python -m trainer.serve.bench.serve_bench [--clients 1,8,32,128] [--max-tokens 64] \\
+    python -m trainer.bench.serve_bench [--clients 1,8,32,128] [--max-tokens 64] \\
         [--rounds 3]
 
 The same randomly initialised model (the shape docs/serve.md serves: dim 128, 2 layers, 4
@@ -30,9 +30,9 @@ import torch
 
 from protos import defaults, trainer_config_pb2
 from trainer.bench.machine import cpu_ticks, machine, stolen_share
+from trainer.bench.serve_load import Result, run_clients, summarize
 from trainer.model import Transformer
 from trainer.serve.api import ServedModel
-from trainer.serve.bench.load import Result, run_clients, summarize
 from trainer.serve.server import Server
 
 VOCAB = 4096

@@ -4,8 +4,8 @@ from one request to the next, and a refused request raised with its status."""
 import pytest
 import torch
 
+from trainer.bench import serve_load as load
 from trainer.inference.testing import VOCAB, tiny_model
-from trainer.serve.bench import load
 from trainer.serve.testing import start_server
 
 torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """Load a running serve job: N concurrent clients, each streaming requests one after another.
 
-    python -m trainer.serve.bench.load --endpoint http://127.0.0.1:8321 --model NAME \\
+    python -m trainer.bench.serve_load --endpoint http://127.0.0.1:8321 --model NAME \\
         [--clients 8] [--requests 32] [--max-tokens 32] [--prompt TEXT] [--wait 300]
 
 Prints generated tokens/s over the run, time to first token and inter-token latency (p50/p99),
