@@ -1,0 +1,67 @@
+"""A real `mlflow server` for tests: on 127.0.0.1, a sqlite store in a directory of the test's.
+
+It takes ~20 s to come up on a loaded 2-core machine: share one per test file.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(directory: str, port: int) -> list[str]:
+    """`mlflow server` over <directory>/mlflow.db, artifacts in <directory>/artifacts."""
+    return [
+        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+        "--workers", "1", "--backend-store-uri", f"sqlite:///{directory}/mlflow.db",
+        "--default-artifact-root", os.path.join(directory, "artifacts"),
+    ]  # fmt: skip
+
+
+class MlflowServer:
+    def __init__(self, directory: str, port: int = 0):
+        self.dir = directory
+        self.port = port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.log = os.path.join(directory, "server.log")
+
+    def start(self, timeout: float = 120.0) -> "MlflowServer":
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                server_command(self.dir, self.port), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # its workers die with it (kill)
+            )  # fmt: skip
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited {self.proc.returncode}: see {self.log}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.5)
+        raise TimeoutError(f"mlflow server not up in {timeout} s: see {self.log}")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: the whole process group (uvicorn's worker too)."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> "MlflowServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.kill()
