@@ -107,6 +107,19 @@ def checkpoint_tags(run_dir: str) -> dict[str, str]:
     return tags
 
 
+def run_artifacts(run_dir: str) -> list[tuple[str, str]]:
+    """(file, artifact directory) a finished run uploads: its plots and each checkpoint's
+    meta.json (the manifest: files, digests, step; never the weights)."""
+    if not run_dir or not os.path.isdir(run_dir):
+        return []
+    out = [(os.path.join(run_dir, n), "plots") for n in sorted(os.listdir(run_dir))]
+    out = [(path, d) for path, d in out if path.endswith(".png")]
+    checkpoints = os.path.join(run_dir, "checkpoints")
+    for name in sorted(os.listdir(checkpoints)) if os.path.isdir(checkpoints) else []:
+        out.append((os.path.join(checkpoints, name, "meta.json"), f"checkpoints/{name}"))
+    return out
+
+
 def progress_points(p: progress_pb2.Progress, kind: int, timestamp_ms: int) -> list[Point]:
     """The metric values one report carries, for a job of `kind` (a job_pb2.JobKind)."""
     points = []

@@ -65,3 +65,29 @@ class MlflowServer:
 
     def __exit__(self, *exc) -> None:
         self.kill()
+
+
+def write_run(run_dir, job_id: str, spec, losses: list[float]) -> None:
+    """A finished run directory as a launcher leaves it: attempts/001/attempt.json (the spec)
+    and metrics.jsonl with one training record per step (1..len(losses)), one eval record and
+    the closing "done" record, written by protos/progress_log.py as the trainer writes them."""
+    from google.protobuf import json_format  # noqa: PLC0415
+
+    from protos import attempt_pb2, progress_pb2  # noqa: PLC0415
+    from protos.progress_log import append_progress, log_path  # noqa: PLC0415
+
+    attempt_dir = os.path.join(run_dir, "attempts", "001")
+    os.makedirs(attempt_dir, exist_ok=True)
+    attempt = attempt_pb2.Attempt(job_id=job_id, number=1, spec=spec, run_dir=str(run_dir))
+    with open(os.path.join(attempt_dir, "attempt.json"), "w") as f:
+        f.write(json_format.MessageToJson(attempt))
+    steps = len(losses)
+    for step, loss in enumerate(losses, start=1):
+        append_progress(log_path(run_dir), progress_pb2.Progress(
+            job_id=job_id, attempt=1, phase="train", step=step, total_steps=steps, loss=loss,
+            lr=3e-4, step_time_seconds=0.5, tokens_per_second=4000.0, mfu=0.01,
+        ))  # fmt: skip
+    for phase, extra in (("eval", {"eval_loss": losses[-1] + 0.1}), ("done", {"goodput": 0.9})):
+        append_progress(log_path(run_dir), progress_pb2.Progress(
+            job_id=job_id, attempt=1, phase=phase, step=steps, total_steps=steps, **extra,
+        ))  # fmt: skip

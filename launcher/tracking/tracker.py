@@ -104,18 +104,7 @@ class Tracker:
         if status is None:  # preempted or retried: the run goes on
             return
         self._flush_buffer()
-        artifacts = []
-        if job.run_dir and os.path.isdir(job.run_dir):
-            artifacts += [
-                (os.path.join(job.run_dir, n), "plots")
-                for n in sorted(os.listdir(job.run_dir))
-                if n.endswith(".png")
-            ]
-            checkpoints = os.path.join(job.run_dir, "checkpoints")
-            for name in sorted(os.listdir(checkpoints)) if os.path.isdir(checkpoints) else []:
-                artifacts.append(
-                    (os.path.join(checkpoints, name, "meta.json"), f"checkpoints/{name}")
-                )
+        artifacts = records.run_artifacts(job.run_dir)
         tags = records.checkpoint_tags(job.run_dir) if job.run_dir else {}
         experiment = records.experiment_name(job.spec.team)
         self._put(Batch(job.id, experiment, tags, artifacts=artifacts, status=status))
