@@ -21,6 +21,7 @@ from protos.enums import enum_name
 from protos.metric_catalog import Source
 
 JOB_ID_TAG = "kitchen.job_id"
+AXIS_FIELDS = ("step", "total_steps")  # MLflow's x axis (every value's step), not metrics
 # MLflow's own limits (mlflow/utils/validation.py): longer values are refused by the server.
 MAX_PARAM_VALUE = 6000
 MAX_TAG_VALUE = 8000
@@ -124,7 +125,7 @@ def progress_points(p: progress_pb2.Progress, kind: int, timestamp_ms: int) -> l
     """The metric values one report carries, for a job of `kind` (a job_pb2.JobKind)."""
     points = []
     for m in metric_catalog.metrics(Source.PROGRESS):
-        if m.kinds and kind not in m.kinds:
+        if (m.kinds and kind not in m.kinds) or m.field in AXIS_FIELDS:
             continue
         value = getattr(p, m.field)
         if value:
