@@ -116,8 +116,8 @@ def test_run_page_draws_every_logged_step(ui, browser):
     base, experiment, runs = ui
     run = runs["tiny-lr3e-4"]
     browser.get(f"{base}/#/experiments/{experiment}/runs/{run}/model-metrics")
-    charts = _wait_for(browser, f"const c = (() => {{ {CHARTS} }})(); "
-                       "return c.some(x => x.title === 'loss' && x.points.length) && c;")  # fmt: skip
+    drawn = "return c.some(x => x.title === 'loss' && x.points.length) && c;"
+    charts = _wait_for(browser, f"const c = (() => {{ {CHARTS} }})(); {drawn}")
     loss = [c for c in charts if c.get("title") == "loss"]
     assert len(loss) == 1, charts
     assert set(loss[0]["points"]) == {STEPS}  # each trace (points, smoothed line): every step
