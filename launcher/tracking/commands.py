@@ -40,7 +40,9 @@ def cmd_mlflow(args, out) -> int:
             file=sys.stderr,
         )
         os.makedirs(tracking_dir(state), exist_ok=True)
-    print(f"MLflow UI: http://127.0.0.1:{args.port}  (store {tracking_dir(state)})", file=out)
+    print(
+        f"MLflow UI serving on http://127.0.0.1:{args.port} (store {tracking_dir(state)})", file=out
+    )
     out.flush()
     command = ui_command(state, args.port)
     os.execv(command[0], command)

@@ -51,7 +51,9 @@ class MlflowServer:
                         return self
             except OSError:
                 time.sleep(0.5)
-        raise TimeoutError(f"mlflow server not up in {timeout} s: see {self.log}")
+        with open(self.log, errors="replace") as f:
+            tail = f.read()[-3000:]
+        raise TimeoutError(f"mlflow server not up in {timeout} s; {self.log} ends:\n{tail}")
 
     def kill(self) -> None:
         """SIGKILL, as a crash would: the whole process group (uvicorn's worker too)."""
@@ -87,7 +89,8 @@ def write_run(run_dir, job_id: str, spec, losses: list[float]) -> None:
             job_id=job_id, attempt=1, phase="train", step=step, total_steps=steps, loss=loss,
             lr=3e-4, step_time_seconds=0.5, tokens_per_second=4000.0, mfu=0.01,
         ))  # fmt: skip
-    for phase, extra in (("eval", {"eval_loss": losses[-1] + 0.1}), ("done", {"goodput": 0.9})):
+    for phase, eval_loss, goodput in (("eval", losses[-1] + 0.1, 0.0), ("done", 0.0, 0.9)):
         append_progress(log_path(run_dir), progress_pb2.Progress(
-            job_id=job_id, attempt=1, phase=phase, step=steps, total_steps=steps, **extra,
+            job_id=job_id, attempt=1, phase=phase, step=steps, total_steps=steps,
+            eval_loss=eval_loss, goodput=goodput,
         ))  # fmt: skip
