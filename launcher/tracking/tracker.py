@@ -115,8 +115,10 @@ class Tracker:
         self._thread = threading.Thread(target=self._run, name="kitchen-tracking", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Spool what is buffered and try one last send (bounded by `timeout`)."""
+    def stop(self, timeout: float = 120.0) -> None:
+        """Spool what is buffered and try one last send. Bounded: a failing send gives up
+        after one request (10 s at most); `timeout` is generous because a first start may be
+        creating the store's tables, which a process exit must not cut short."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
