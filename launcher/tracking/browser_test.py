@@ -56,14 +56,14 @@ def ui(tmp_path_factory):
         proc = subprocess.Popen(ui_command(state, port), stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         while True:
             try:
                 urllib.request.urlopen(f"{base}/health", timeout=2).close()
                 break
             except OSError:
                 assert proc.poll() is None, (root / "ui.log").read_text()
-                assert time.monotonic() < deadline, "the MLflow UI did not come up in 180 s"
+                assert time.monotonic() < deadline, "the MLflow UI did not come up in 300 s"
                 time.sleep(0.5)
         yield base, experiment.experiment_id, runs
     finally:
