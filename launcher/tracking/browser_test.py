@@ -72,16 +72,19 @@ def ui(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser():
+def browser(tmp_path_factory):
     options = Options()
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,900"):
         options.add_argument(arg)
+    # Bazel's sandbox: no writable HOME, and /dev/shm may be too small for the renderer.
+    options.add_argument(f"--user-data-dir={tmp_path_factory.mktemp('chromium')}")
+    options.add_argument("--disable-dev-shm-usage")
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     yield driver
     driver.quit()
 
 
-def _wait_for(driver, script: str, timeout: float = 60.0):
+def _wait_for(driver, script: str, timeout: float = 120.0):
     """The first truthy value of `script` (JavaScript) in the page."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -89,7 +92,13 @@ def _wait_for(driver, script: str, timeout: float = 60.0):
         if value:
             return value
         time.sleep(0.3)
-    raise TimeoutError(f"not in the page within {timeout} s: {script}")
+    _screenshot(driver, "timeout.png")
+    text = driver.execute_script("return document.body ? document.body.innerText : ''")
+    logs = driver.get_log("browser")
+    raise TimeoutError(
+        f"not in the page within {timeout} s: {script}\nat {driver.current_url}, the page "
+        f"says: {text[:800]!r}\nbrowser log: {logs[-10:]}"
+    )
 
 
 def _screenshot(driver, name: str) -> None:

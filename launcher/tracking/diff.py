@@ -6,11 +6,12 @@ from are among them), the image it ran in and the checkpoints it wrote (their di
 
 Where the losses part: over the steps both logged, the first step from which |loss_A - loss_B|
 stays above PART_SIGMAS times the noise for PART_STEPS logged steps in a row. The noise of one
-curve is the spread of its step-to-step changes (std of first differences / sqrt 2: a slow trend
-barely moves it); the two curves' noises add in quadrature. Equal runs on one machine are
+curve is the spread of its jitter around its own trend (`_noise`: robust, from second
+differences); the two curves' noises add in quadrature. Equal runs on one machine are
 bitwise equal (docs: determinism is per machine), and then no step parts.
 """
 
+import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -56,16 +57,32 @@ def _identity(run: Run) -> dict[str, str]:
         "run dir": run.job.run_dir,
         "image": tags.get("kitchen.image", "(host)"),
         "image digest": tags.get("kitchen.image_digest", "-"),
-        "last checkpoint": next(
-            (f"{k.rsplit('.', 1)[1]} {v}" for k, v in sorted(tags.items(), reverse=True)
-             if k.startswith("kitchen.checkpoint.")), "-",
-        ),
-    }  # fmt: skip
+        "last checkpoint": _last_checkpoint(tags),
+    }
+
+
+def _last_checkpoint(tags: dict[str, str]) -> str:
+    """`step_00000020 model.pt 08a901bdbb97 train.pt 5ad75670d908` (sha256 prefixes, as git
+    shortens commits), or "-"."""
+    names = sorted(k for k in tags if k.startswith("kitchen.checkpoint."))
+    if not names:
+        return "-"
+    digests = json.loads(tags[names[-1]])
+    files = " ".join(f"{name} {digest[:12]}" for name, digest in digests.items())
+    return f"{names[-1].rsplit('.', 1)[1]} {files}"
 
 
 def _noise(values: list[float]) -> float:
-    steps = [b - a for a, b in zip(values, values[1:], strict=False)]
-    return statistics.pstdev(steps) / math.sqrt(2) if len(steps) > 1 else 0.0
+    """The standard deviation of a curve's jitter: second differences cancel a locally straight
+    trend (for white noise their variance is 6 sigma^2), and their median absolute deviation
+    (x 1.4826 for a normal spread) ignores the few steps where the curve bends hard (the first
+    steps of training)."""
+    second = [a - 2 * b + c for a, b, c in zip(values, values[1:], values[2:], strict=False)]
+    if len(second) < 2:
+        return 0.0
+    middle = statistics.median(second)
+    mad = statistics.median(abs(x - middle) for x in second)
+    return 1.4826 * mad / math.sqrt(6)
 
 
 def loss_parting(a: dict[int, float], b: dict[int, float]) -> Parting | None:
