@@ -115,10 +115,10 @@ class Tracker:
         self._thread = threading.Thread(target=self._run, name="kitchen-tracking", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float = 120.0) -> None:
-        """Spool what is buffered and try one last send. Bounded: a failing send gives up
-        after one request (10 s at most); `timeout` is generous because a first start may be
-        creating the store's tables, which a process exit must not cut short."""
+    def stop(self, timeout: float = 30.0) -> None:
+        """Spool what is buffered and try one last send, for at most `timeout` seconds (a
+        failing send gives up after one request, 10 s at most); what is left stays in the
+        spool for the next start."""
         self._stopping.set()
         self._wake.set()
         if self._thread is not None:
@@ -141,7 +141,19 @@ class Tracker:
         for batch in batches:
             self._put(batch)
 
+    def _connect(self) -> None:
+        """Import mlflow and reach the store (an embedded one creates its tables: ~10-25 s on a
+        loaded 2-core machine), once, at start: not while a job's last records wait."""
+        if self._sink is None:
+            sink = MlflowSink(self.cfg.tracking.uri, self.cfg.state_dir)
+            sink.client.search_experiments(max_results=1)
+            self._sink = sink
+
     def _run(self) -> None:
+        try:
+            self._connect()
+        except Exception as err:  # noqa: BLE001 (down now: drain() tries again)
+            self._failed(err)
         while not self._stopping.is_set():
             self._wake.wait(max(self.flush_seconds, self._backoff))
             self._wake.clear()
@@ -153,8 +165,8 @@ class Tracker:
         sent = 0
         for path in self.spool.pending():
             try:
-                if self._sink is None:
-                    self._sink = MlflowSink(self.cfg.tracking.uri, self.cfg.state_dir)
+                self._connect()
+                assert self._sink is not None
                 batch = self.spool.load(path)
                 self._sink.send(batch)
             except SpoolError as err:
