@@ -191,14 +191,20 @@ class Tracker:
 
     def _failed(self, err: Exception) -> None:
         self.failures.inc()
+        self._backoff = min(MAX_BACKOFF_SECONDS, max(self.flush_seconds, 2 * self._backoff))
         if self._failing_since is None:
             self._failing_since = time.time()
+            if isinstance(err, ImportError):  # e.g. the launcher's image, which has no mlflow
+                log.warning(
+                    "tracking: %s in this launcher's Python: set tracking.uri: none in its "
+                    "config, or install mlflow; records wait in %s", err, self.spool.dir,
+                )  # fmt: skip
+                return
             log.warning(
                 "tracking: cannot send to MLflow at %s (%s: %s); jobs run on, records wait in "
                 "%s and are sent when it answers", self.cfg.tracking.uri, type(err).__name__,
                 str(err).splitlines()[0][:200] if str(err) else "", self.spool.dir,
             )  # fmt: skip
-        self._backoff = min(MAX_BACKOFF_SECONDS, max(self.flush_seconds, 2 * self._backoff))
 
     def _reject(self, path: str, reason: str) -> None:
         rejected = os.path.join(self.spool.dir, "rejected")
