@@ -9,6 +9,7 @@ kitchen diff RUN_A RUN_B [--config-a Y] [--config-b Y]
 """
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -29,6 +30,19 @@ def ui_command(state: str, port: int) -> list[str]:
         "--workers", "1", "--backend-store-uri", embedded_tracking_uri(state),
         "--default-artifact-root", os.path.join(mlflow_dir, "artifacts"),
     ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def _mlflow_errors(uri: str):
+    """MLflow's own errors (a server down, a refused request) as an OSError naming the store,
+    which `kitchen` prints as one line."""
+    try:
+        yield
+    except (ValueError, OSError):
+        raise
+    except Exception as err:  # noqa: BLE001 (MlflowException and whatever its client raises)
+        first = str(err).splitlines()[0][:300] if str(err) else ""
+        raise OSError(f"MLflow at {uri}: {type(err).__name__}: {first}") from err
 
 
 def cmd_mlflow(args, out) -> int:
@@ -67,7 +81,8 @@ def cmd_track_import(args, out) -> int:
         status="FINISHED" if job.state else "",
     )  # fmt: skip
     os.makedirs(tracking_dir(state), exist_ok=True)
-    run_id = MlflowSink(uri, state).send(batch)
+    with _mlflow_errors(uri):
+        run_id = MlflowSink(uri, state).send(batch)
     steps = len({p.step for p in run.points})
     print(
         f"imported {job.run_dir}: {len(run.points)} values over {steps} steps, {len(params)} "
@@ -83,7 +98,24 @@ def cmd_diff(args, out) -> int:
 
     a = read_run(user_path(args.run_a), user_path(args.config_a) if args.config_a else "")
     b = read_run(user_path(args.run_b), user_path(args.config_b) if args.config_b else "")
-    out.write(diff.render(diff.compare(a, b)))
+    text = diff.render(diff.compare(a, b))
+    out.write(text)
+    if args.note:  # B's run page shows it (MLflow renders a run's note as Markdown)
+        from launcher.tracking.sink import MlflowSink  # noqa: PLC0415 (imports mlflow)
+
+        state = user_path(args.state_dir) if args.state_dir else state_dir()
+        uri = args.uri or embedded_tracking_uri(state)
+        with _mlflow_errors(uri):
+            sink = MlflowSink(uri, state)
+            run = sink.run_id(Batch(b.job.id, records.experiment_name(b.job.spec.team)), False)
+        if run is None:
+            raise FileNotFoundError(
+                f"run B ({b.job.id}) is not in MLflow at {uri}: `kitchen track import` it first"
+            )
+        note = f"`kitchen diff` against {a.job.id} ({a.job.run_dir}):\n\n```\n{text}```\n"
+        with _mlflow_errors(uri):
+            sink.client.set_tag(run, "mlflow.note.content", note)
+        print(f"noted on run {run} ({uri})", file=out)
     return 0
 
 
@@ -105,4 +137,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     d.add_argument("run_b")
     d.add_argument("--config-a", help="the job YAML of run A, if started by hand")
     d.add_argument("--config-b", help="the job YAML of run B, if started by hand")
+    d.add_argument("--note", action="store_true", help="also write it on run B's MLflow page")
+    d.add_argument("--uri", help="MLflow tracking URI for --note (default: the embedded store)")
+    d.add_argument("--state-dir", help="whose embedded store (default $KITCHEN_STATE_DIR)")
     d.set_defaults(run=cmd_diff, local=True)

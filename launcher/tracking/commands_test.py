@@ -82,6 +82,24 @@ def test_diff_names_the_field_and_the_step_where_losses_part(tmp_path):
     assert 0.005 < d.loss.noise < 0.03  # two curves of sigma 0.01: ~0.014
 
 
+def test_diff_note_lands_on_run_bs_page(tmp_path, capsys):
+    write_run(tmp_path / "a", "job-a", _spec(3e-4), _losses(1))
+    write_run(tmp_path / "b", "job-b", _spec(1e-3), _losses(2, part_at=30))
+    state = str(tmp_path / "state")
+    diff_b = ("diff", str(tmp_path / "a"), str(tmp_path / "b"), "--note", "--state-dir", state)
+    assert _kitchen(*diff_b)[0] == 2  # B is not in MLflow yet
+    assert "`kitchen track import` it first" in capsys.readouterr().err
+    assert _kitchen("track", "import", str(tmp_path / "b"), "--state-dir", state)[0] == 0
+    code, out = _kitchen(*diff_b)
+    assert code == 0 and "noted on run" in out
+    client = MlflowClient(embedded_tracking_uri(state))
+    experiment = client.get_experiment_by_name("kitchen/nlp")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    note = run.data.tags["mlflow.note.content"]
+    assert "against job-a" in note and "the curves part at step 30" in note
+
+
 @pytest.mark.parametrize("other_seed", [1, 3])
 def test_diff_of_runs_that_agree(tmp_path, other_seed):
     write_run(tmp_path / "a", "job-a", _spec(3e-4), _losses(1))

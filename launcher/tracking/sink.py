@@ -60,14 +60,19 @@ class MlflowSink:
                 self._experiments[name] = found.experiment_id
         return self._experiments[name]
 
-    def run_id(self, batch: Batch) -> str:
+    def run_id(self, batch: Batch, create: bool = True) -> str | None:
+        """The run of `batch`'s job; made if there is none and `create`, else None."""
         if batch.job_id not in self._runs:
+            if not create and self.client.get_experiment_by_name(batch.experiment) is None:
+                return None
             experiment = self.experiment_id(batch.experiment)
             found = self.client.search_runs(
                 [experiment], f"tags.`{JOB_ID_TAG}` = '{batch.job_id}'", max_results=1
             )
             if found:
                 self._runs[batch.job_id] = found[0].info.run_id
+            elif not create:
+                return None
             else:
                 run = self.client.create_run(experiment, tags={JOB_ID_TAG: batch.job_id})
                 self._runs[batch.job_id] = run.info.run_id
@@ -81,6 +86,7 @@ class MlflowSink:
 
         try:
             run = self.run_id(batch)
+            assert run is not None  # made if missing
             tags = [RunTag(k, v) for k, v in batch.tags.items()]
             params = [Param(k, v) for k, v in batch.params.items()]
             metrics = [Metric(p.key, p.value, p.timestamp_ms, p.step) for p in batch.points]
