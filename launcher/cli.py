@@ -5,6 +5,9 @@
     kitchen watch JOB         live table until it ends (exit code: the job's outcome)
     kitchen logs JOB [-f]     the trainer's output, every attempt; -f follows
     kitchen cancel JOB        stops it (the trainer saves a checkpoint first)
+    kitchen mlflow            the MLflow UI on 127.0.0.1:5000 over the launcher's own store
+    kitchen track import RUN_DIR   a finished run (its metrics.jsonl) into MLflow
+    kitchen diff RUN_A RUN_B  what decides the two runs, side by side; where their losses part
 
 The launcher address defaults to $KITCHEN_LAUNCHER or 127.0.0.1:50051; the token to
 $KITCHEN_TOKEN; the TLS root certificate to $KITCHEN_TLS_CA.
@@ -18,6 +21,7 @@ import grpc
 
 from launcher.client import Client
 from launcher.live_view import EXIT_CODES, LiveView, duration, follow, rate, serving
+from launcher.tracking.commands import add_commands
 from protos import job_pb2
 from protos.enums import enum_name
 
@@ -165,11 +169,18 @@ def parser() -> argparse.ArgumentParser:
         c.set_defaults(run=run)
         if name == "logs":
             c.add_argument("-f", "--follow", action="store_true")
+    add_commands(sub)  # launcher/tracking/commands.py: need no launcher
     return p
 
 
 def main(argv=None, out=sys.stdout) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "local", False):
+        try:
+            return args.run(args, out)
+        except (ValueError, OSError) as e:  # ConfigError, RunDirError, ProgressLogError, ...
+            print(f"kitchen {args.command}: {e}", file=sys.stderr)
+            return 2
     client = Client(args.launcher, args.token, args.tls_ca)
     try:
         return args.run(client, args, out)

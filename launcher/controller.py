@@ -66,10 +66,12 @@ class Controller:
         clock=time.time,
         auth=False,
         env=None,
+        tracker=None,
     ):
         self.cfg = cfg  # resolved
         self.store = store
         self.metrics = metrics
+        self.tracker = tracker  # launcher/tracking/tracker.py; None: tracking off
         self.events = events
         self.clock = clock
         self.auth = auth
@@ -116,6 +118,8 @@ class Controller:
         if current is None:
             return False
         self.steps.effect("metrics", lambda: self.metrics.progress(*current))
+        if self.tracker is not None:  # the report as sent: merged, eval would repeat train loss
+            self.steps.effect("tracking", lambda: self.tracker.progress(current[0], progress))
         self.events.publish(job_id)
         return True
 
@@ -235,6 +239,7 @@ class Controller:
             )
             self.jobs.drop(job_id)
             self.steps.effect("metrics", lambda: self.metrics.attempt_ended(cancelled, False))
+            self._track_end(cancelled)
             self.steps.changed(job_id, final=True)
             return cancelled
         live = self.jobs.live.get(job_id)
@@ -316,7 +321,12 @@ class Controller:
         self.jobs.need_pass = True
         log.info("%s: attempt %d ended: %s", job.id, job.attempts, out.reason)
         self.steps.effect("metrics", lambda: self.metrics.attempt_ended(ended, out.preempted))
+        self._track_end(ended)
         self.steps.changed(job.id, final)
+
+    def _track_end(self, job: job_pb2.Job):
+        if self.tracker is not None and job.attempts and job.state in FINAL:
+            self.steps.effect("tracking", lambda: self.tracker.job_ended(job))
 
     # ---------------------------------------------------------------- scheduling
 
@@ -374,6 +384,8 @@ class Controller:
         self.jobs.put(live)
         waited = now - transitions.seconds(starting.queued)
         self.steps.effect("metrics", lambda: self.metrics.attempt_started(starting, waited))
+        if self.tracker is not None:
+            self.steps.effect("tracking", lambda: self.tracker.job_started(starting))
         try:
             live.handle, status = self.attempts.start(starting, live.handle, token)
         except Exception as e:

@@ -37,6 +37,7 @@ from launcher.service import LauncherService
 from launcher.store import JobStore
 from launcher.store_base import Store, StoreError
 from launcher.stream_limits import LimitInterceptor, Streams
+from launcher.tracking.tracker import Tracker
 from protos import launcher_pb2, launcher_pb2_grpc
 from protos.config_yaml import ConfigError, load_message
 from protos.paths import user_path
@@ -113,9 +114,12 @@ class Launcher:
             readonly = sandbox.code_dirs(self.cfg, trainer_env)
             confine = Sandbox(self.cfg, readonly, self.store.team_of)
         executors = {p.name: _executor(p, self.cfg, confine) for p in self.cfg.pools}
+        self.tracker = (
+            None if self.cfg.tracking.uri == "none" else Tracker(self.cfg, self.metrics.registry)
+        )
         self.controller = Controller(
             self.cfg, self.store, executors, self.metrics, self.events,
-            auth=self.auth is not None, env=trainer_env,
+            auth=self.auth is not None, env=trainer_env, tracker=self.tracker,
         )  # fmt: skip
         self.metrics.fleet = self.controller.fleet
         service = LauncherService(self.cfg, self.store, self.controller, self.events, self.auth)
@@ -144,6 +148,8 @@ class Launcher:
         return port
 
     def start(self):
+        if self.tracker is not None:
+            self.tracker.start()  # sends what a previous launcher left in the spool
         self.controller.start()  # recover first: re-attach before serving
         self.server.start()
         if self.cfg.metrics_listen != "none":
@@ -155,8 +161,9 @@ class Launcher:
         self._lock_file.write(f"pid {os.getpid()}, address {self.address}\n")
         self._lock_file.flush()
         log.info(
-            "launcher serving on %s%s; state in %s; metrics %s",
+            "launcher serving on %s%s; state in %s; tracking %s; metrics %s",
             self.address, " (TLS)" if self.cfg.tls_cert else "", self.cfg.state_dir,
+            self.cfg.tracking.uri,
             f"http://{self.cfg.metrics_listen.rsplit(':', 1)[0]}:{self.metrics_port}/metrics"
             if self.metrics_port else "off",
         )  # fmt: skip
@@ -168,6 +175,8 @@ class Launcher:
         self.server.stop(grace).wait()
         self.streams.close()
         self.controller.stop()
+        if self.tracker is not None:
+            self.tracker.stop()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()

@@ -12,7 +12,7 @@ from launcher.executors import image
 from protos import launcher_pb2
 from protos.config_yaml import ConfigError
 from protos.exposure import Gap, exposure_gaps, is_loopback, read_secret_file
-from protos.paths import state_dir, user_path
+from protos.paths import state_dir, tracking_dir, user_path
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
@@ -24,6 +24,8 @@ MAX_WORKERS = 512  # gRPC handler threads: every progress stream, watch and foll
 DEFAULT_STREAMS_PER_CALLER = 32
 UNARY_RESERVE = 64  # threads no stream may take: GetJob, SubmitJob, ... always find one
 DEFAULT_STREAM_IDLE_SECONDS = 600.0
+DEFAULT_SPOOL_MAX_BYTES = 256 << 20
+DEFAULT_TRACKING_FLUSH_SECONDS = 2.0
 WORKSPACE = "kitchen"  # Bazel workspace name: runfiles hold `kitchen/trainer/train`
 
 
@@ -61,6 +63,11 @@ def default_run_image_cmd() -> list:
 def trainer_env() -> dict:
     """Environment a trainer started from here needs to import the same modules."""
     return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+
+
+def embedded_tracking_uri(state: str) -> str:
+    """The MLflow store a launcher with no tracking.uri writes (`kitchen mlflow` serves it)."""
+    return "sqlite:///" + os.path.join(tracking_dir(state), "mlflow.db")
 
 
 def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
@@ -119,6 +126,12 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
             "streams.total", f"between 1 and {MAX_WORKERS - UNARY_RESERVE} (the server's threads "
             f"less {UNARY_RESERVE} kept for unary calls)",
         )  # fmt: skip
+    tracking = out.tracking
+    tracking.uri = tracking.uri or embedded_tracking_uri(out.state_dir)
+    tracking.spool_max_bytes = tracking.spool_max_bytes or DEFAULT_SPOOL_MAX_BYTES
+    tracking.flush_seconds = tracking.flush_seconds or DEFAULT_TRACKING_FLUSH_SECONDS
+    if tracking.spool_max_bytes < 0 or tracking.flush_seconds < 0:
+        raise ConfigError("tracking", "spool_max_bytes and flush_seconds cannot be negative")
     out.hang_timeout_seconds = out.hang_timeout_seconds or DEFAULT_HANG_TIMEOUT_SECONDS
     out.kill_grace_seconds = out.kill_grace_seconds or DEFAULT_KILL_GRACE_SECONDS
     out.metrics_retention_seconds = out.metrics_retention_seconds or DEFAULT_RETENTION_SECONDS

@@ -78,6 +78,12 @@ def runs_dir(state: str) -> str:
     return os.path.join(state, "runs")
 
 
+def tracking_dir(state: str) -> str:
+    """`<state>/mlflow`: the embedded MLflow store (mlflow.db, artifacts/) and the launcher's
+    spool of records not yet sent (spool/)."""
+    return os.path.join(state, "mlflow")
+
+
 def run_dir_for(state: str, name: str) -> str:
     """`<state>/runs/<name>`: a job's run directory (launcher: the job id; by hand: its name)."""
     return os.path.join(runs_dir(state), name)

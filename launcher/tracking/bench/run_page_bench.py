@@ -1,0 +1,100 @@
+"""How long the MLflow run page takes to draw a long run's loss chart, beside a short run's.
+
+Imports a 50-step and a 10,000-step run (synthetic metrics.jsonl in the trainer's format) into a
+fresh embedded store, starts `kitchen mlflow` over it, and times in headless Chromium, from
+navigation to the loss chart holding its points, each run page REPEATS times (alternating, a
+fresh page load each). Prints the medians, their ratio and how many points the chart drew.
+
+    PYTHONPATH=.:.gen python launcher/tracking/bench/run_page_bench.py
+"""
+
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+import mlflow
+from mlflow.tracking import MlflowClient
+from selenium import webdriver
+from selenium.webdriver.chrome.options import Options
+from selenium.webdriver.chrome.service import Service
+
+from launcher import cli
+from launcher.settings import embedded_tracking_uri
+from launcher.tracking.commands import ui_command
+from launcher.tracking.testing import free_port, write_run
+from protos import job_pb2
+
+REPEATS = 5
+LOSS_POINTS = """const p = Array.from(document.querySelectorAll('.js-plotly-plot')).find(p => {
+  let c = p; while (c.parentElement && !/^[a-z]/i.test(c.innerText || '')) c = c.parentElement;
+  return (c.innerText || '').split('\\n')[0] === 'loss'; });
+return p && p.data && p.data.length ? p.data[0].x.length : 0;"""
+
+
+def main() -> None:
+    root = tempfile.mkdtemp(prefix="run_page_bench-")
+    state = os.path.join(root, "state")
+    for steps in (50, 10_000):
+        spec = job_pb2.JobSpec(name=f"steps-{steps}", kind=job_pb2.PRETRAIN, team="bench")
+        noise = random.Random(steps)
+        losses = [4 - 2 * s / steps + noise.gauss(0, 0.01) for s in range(1, steps + 1)]
+        write_run(os.path.join(root, spec.name), spec.name, spec, losses)
+        cli.main(["track", "import", os.path.join(root, spec.name), "--state-dir", state])
+    client = MlflowClient(embedded_tracking_uri(state))
+    experiment = client.get_experiment_by_name("kitchen/bench")
+    assert experiment is not None
+    runs = {r.info.run_name: r.info.run_id for r in client.search_runs([experiment.experiment_id])}
+    port = free_port()
+    ui = subprocess.Popen(
+        ui_command(state, port), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
+    options = Options()
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,900"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        times: dict[str, list[float]] = {name: [] for name in runs}
+        drawn: dict[str, int] = {}
+        for _ in range(REPEATS):
+            for name, run in sorted(runs.items()):
+                driver.get("about:blank")
+                url = f"http://127.0.0.1:{port}/#/experiments/{experiment.experiment_id}/runs/{run}/model-metrics"
+                started = time.perf_counter()
+                driver.get(url)
+                while not (points := driver.execute_script(LOSS_POINTS)):
+                    time.sleep(0.02)
+                times[name].append(time.perf_counter() - started)
+                drawn[name] = points
+    finally:
+        driver.quit()
+        ui.terminate()
+        ui.wait(30)
+    load = os.getloadavg()[0]
+    print(
+        f"# {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cores, load average {load:.1f}, MLflow {mlflow.__version__}"
+    )
+    short, long = (statistics.median(times[f"steps-{n}"]) for n in (50, 10_000))
+    for n, median in ((50, short), (10_000, long)):
+        name = f"steps-{n}"
+        print(
+            f"{n:>6} logged steps: loss chart drawn in {median:.2f} s (median of {REPEATS}; "
+            f"all {json.dumps([round(t, 2) for t in times[name]])}), {drawn[name]} points"
+        )
+    print(f"ratio 10,000 / 50 steps: {long / short:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
