@@ -5,7 +5,7 @@ fresh embedded store, starts `kitchen mlflow` over it, and times in headless Chr
 navigation to the loss chart holding its points, each run page REPEATS times (alternating, a
 fresh page load each). Prints the medians, their ratio and how many points the chart drew.
 
-    PYTHONPATH=.:.gen python launcher/tracking/bench/run_page_bench.py
+    PYTHONPATH=.:.gen python launcher/bench/run_page_bench.py
 """
 
 import json
