@@ -192,7 +192,9 @@ def test_health_serving_then_not_serving_on_shutdown(tmp_path):
     client.close()
 
 
-def test_request_ids_are_scoped_to_the_caller_and_bound_to_the_spec(tmp_path):
+@pytest.fixture
+def two_teams(tmp_path):
+    """A launcher with auth on, and a client each for alice (team nlp) and bob (vision)."""
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text(
         "tokens:\n"
@@ -203,23 +205,28 @@ def test_request_ids_are_scoped_to_the_caller_and_bound_to_the_spec(tmp_path):
     alice = h.Client(launcher.address, token="alice-token")
     bob = h.Client(launcher.address, token="bob-token")
     try:
-        mine = alice.submit(h.spec("mine"), request_id="nightly")
-        theirs = bob.submit(h.spec("theirs"), request_id="nightly")
-        assert theirs.id != mine.id and theirs.run_dir != mine.run_dir
-        assert (theirs.spec.name, theirs.spec.team) == ("theirs", "vision")
-        assert alice.submit(h.spec("mine"), request_id="nightly").id == mine.id  # a retry
-        with pytest.raises(grpc.RpcError) as err:
-            alice.submit(h.spec("changed"), request_id="nightly")
-        assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
-        assert err.value.details() == (
-            f"request_id: 'nightly' was used for job {mine.id} with a different spec; "
-            "a new job needs a new request_id"
-        )
-        assert [j.id for j in bob.list().jobs] == [theirs.id]
+        yield alice, bob
     finally:
         alice.close()
         bob.close()
         launcher.stop()
+
+
+def test_request_ids_are_scoped_to_the_caller_and_bound_to_the_spec(two_teams):
+    alice, bob = two_teams
+    mine = alice.submit(h.spec("mine"), request_id="nightly")
+    theirs = bob.submit(h.spec("theirs"), request_id="nightly")
+    assert theirs.id != mine.id and theirs.run_dir != mine.run_dir
+    assert (theirs.spec.name, theirs.spec.team) == ("theirs", "vision")
+    assert alice.submit(h.spec("mine"), request_id="nightly").id == mine.id  # a retry
+    with pytest.raises(grpc.RpcError) as err:
+        alice.submit(h.spec("changed"), request_id="nightly")
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+    assert err.value.details() == (
+        f"request_id: 'nightly' was used for job {mine.id} with a different spec; "
+        "a new job needs a new request_id"
+    )
+    assert [j.id for j in bob.list().jobs] == [theirs.id]
 
 
 def test_a_launcher_refuses_a_lost_database_with_a_clear_message(tmp_path, capsys):
@@ -236,18 +243,10 @@ def test_a_launcher_refuses_a_lost_database_with_a_clear_message(tmp_path, capsy
     )
 
 
-def test_runs_are_found_by_name_in_the_callers_team_only(tmp_path):
+def test_runs_are_found_by_name_in_the_callers_team_only(two_teams):
     """`run:NAME`: the newest checkpoint of the team's latest SUCCEEDED job of that name,
     resolved and recorded at submit (protos/run_refs.py); another team's run is never found."""
-    tokens = tmp_path / "tokens.yaml"
-    tokens.write_text(
-        "tokens:\n"
-        "  - {token: alice-token, user: alice, team: nlp}\n"
-        "  - {token: bob-token, user: bob, team: vision}\n"
-    )
-    launcher = server.Launcher(h.config(tmp_path, tokens_file=str(tokens))).start()
-    alice = h.Client(launcher.address, token="alice-token")
-    bob = h.Client(launcher.address, token="bob-token")
+    alice, bob = two_teams
 
     def succeeded(client, name):
         job = h.wait_for(client, client.submit(h.spec(name, steps=2)).id, (job_pb2.SUCCEEDED,))
@@ -260,28 +259,21 @@ def test_runs_are_found_by_name_in_the_callers_team_only(tmp_path):
         spec.trainer.checkpoint.path = reference
         return client.submit(spec)
 
-    try:
-        old = succeeded(alice, "base")
-        new = succeeded(alice, "base")
-        bobs = succeeded(bob, "base")
-        job = starting_from(alice, "run:base")
-        newest = f"{new.run_dir}/checkpoints/step_00000002"
-        assert (
-            job.spec.trainer.checkpoint.path == newest != f"{old.run_dir}/checkpoints/step_00000002"
-        )
-        (resolved,) = job.resolved
-        assert (resolved.field, resolved.reference, resolved.job_id, resolved.path) == (
-            "checkpoint.path", "run:base", new.id, newest,
-        )  # fmt: skip
-        assert alice.get(job.id).resolved[0].job_id == new.id  # stored with the job
-        assert starting_from(bob, "run:base").resolved[0].job_id == bobs.id
-        with pytest.raises(grpc.RpcError) as err:
-            starting_from(bob, "run:next")  # alice's only, and not finished
-        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        assert err.value.details().startswith(
-            "spec.trainer.checkpoint.path: run:next: no successful run named 'next'"
-        )
-    finally:
-        alice.close()
-        bob.close()
-        launcher.stop()
+    old = succeeded(alice, "base")
+    new = succeeded(alice, "base")
+    bobs = succeeded(bob, "base")
+    job = starting_from(alice, "run:base")
+    newest = f"{new.run_dir}/checkpoints/step_00000002"
+    assert job.spec.trainer.checkpoint.path == newest != f"{old.run_dir}/checkpoints/step_00000002"
+    (resolved,) = job.resolved
+    assert (resolved.field, resolved.reference, resolved.job_id, resolved.path) == (
+        "checkpoint.path", "run:base", new.id, newest,
+    )  # fmt: skip
+    assert alice.get(job.id).resolved[0].job_id == new.id  # stored with the job
+    assert starting_from(bob, "run:base").resolved[0].job_id == bobs.id
+    with pytest.raises(grpc.RpcError) as err:
+        starting_from(bob, "run:next")  # alice's only, and not finished
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert err.value.details().startswith(
+        "spec.trainer.checkpoint.path: run:next: no successful run named 'next'"
+    )
