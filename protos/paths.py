@@ -91,13 +91,19 @@ def run_dir_for(state: str, name: str) -> str:
 
 def checkpoint_dirs(run_dir: str) -> list[str]:
     """The complete checkpoints of the run in `run_dir`, oldest first (see the docstring)."""
-    root = os.path.join(run_dir, CHECKPOINTS_DIR)
+    return step_dirs(os.path.join(run_dir, CHECKPOINTS_DIR))
+
+
+def step_dirs(checkpoints: str) -> list[str]:
+    """The complete checkpoints in directory `checkpoints` (a run's `checkpoints/`), oldest
+    first: `step_` directories, never a save's `.tmp-*` one."""
     try:
-        names = os.listdir(root)
+        names = os.listdir(checkpoints)
     except OSError:
         return []
     names = sorted(n for n in names if n.startswith(CHECKPOINT_PREFIX))
-    return [os.path.join(root, n) for n in names if os.path.isdir(os.path.join(root, n))]
+    paths = [os.path.join(checkpoints, n) for n in names]
+    return [p for p in paths if os.path.isdir(p)]
 
 
 def path_fields(trainer_cfg) -> Iterator[tuple[str, Any, str]]:

@@ -25,9 +25,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from google.protobuf import json_format
-
-from protos import attempt_pb2
+from protos.attempt_file import newest_attempt
 from protos.config_yaml import ConfigError
 from protos.paths import RUN_REF_PREFIX, checkpoint_dirs, path_fields, runs_dir
 
@@ -128,12 +126,9 @@ def runs_on_disk(state: str) -> Candidates:
 
 def _launcher_job_named(run_dir: str, name: str) -> str:
     """The job id of launcher run `run_dir` if its job is named `name` (its newest attempt's
-    handoff says so: launcher/executors/handoff.py), else ""."""
-    attempts = os.path.join(run_dir, "attempts")
+    handoff says so: protos/attempt_file.py), else ""."""
     try:
-        newest = max(os.listdir(attempts))
-        with open(os.path.join(attempts, newest, "attempt.json"), encoding="utf-8") as f:
-            attempt = json_format.Parse(f.read(), attempt_pb2.Attempt(), ignore_unknown_fields=True)
-    except (OSError, ValueError, json_format.ParseError):
+        attempt = newest_attempt(run_dir)
+    except (OSError, ValueError):
         return ""
-    return attempt.job_id if attempt.spec.name == name else ""
+    return attempt.job_id if attempt is not None and attempt.spec.name == name else ""

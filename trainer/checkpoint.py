@@ -33,7 +33,7 @@ from google.protobuf import json_format
 
 from protos import trainer_config_pb2
 from protos.files import FileDigest, fsync_dir, json_bytes, sha256_file, write_bytes
-from protos.paths import CHECKPOINT_PREFIX
+from protos.paths import CHECKPOINT_PREFIX, step_dirs
 from trainer import distributed
 
 if TYPE_CHECKING:
@@ -218,9 +218,7 @@ def verify(path: Path, files: tuple[str, ...] = FILES) -> CheckpointMeta:
 
 def checkpoints(directory: Path) -> list[Path]:
     """Complete checkpoint directories in `directory`, oldest first."""
-    if not directory.is_dir():
-        return []
-    return sorted(p for p in directory.iterdir() if p.is_dir() and p.name.startswith(PREFIX))
+    return [Path(p) for p in step_dirs(str(directory))]
 
 
 Found = tuple[Path, CheckpointMeta]  # a valid checkpoint's directory and its meta

@@ -17,6 +17,7 @@ import sys
 from launcher.executors.attempt_wrapper import write_json_atomically
 from launcher.executors.handoff import ATTEMPT_FILE
 from protos import attempt_pb2, job_pb2
+from protos.attempt_file import attempt_dir as attempt_dir  # re-exported: the executors use it
 
 # What a trainer in an image or a pod gets of the launch environment (the host's PYTHONPATH
 # is not for it).
@@ -95,10 +96,6 @@ class Executor:
     def kill(self, handle: dict):
         """Stops the attempt now (SIGKILL)."""
         raise NotImplementedError
-
-
-def attempt_dir(run_dir: str, attempt: int) -> str:
-    return os.path.join(run_dir, "attempts", f"{attempt:03d}")
 
 
 def read_json(path: str) -> dict | None:

@@ -17,10 +17,10 @@ import os
 from google.protobuf import json_format
 
 from protos import attempt_pb2, job_pb2, launcher_pb2
+from protos.attempt_file import ATTEMPT_FILE
 from protos.files import write_atomic
 from protos.paths import precook_cache_dir
 
-ATTEMPT_FILE = "attempt.json"
 TOKEN_FILE = "token"
 SECRET_MODE = 0o600
 

@@ -19,6 +19,7 @@ from google.protobuf import json_format
 from protos import defaults, job_pb2, metric_catalog, progress_pb2
 from protos.enums import enum_name
 from protos.metric_catalog import Source
+from protos.paths import checkpoint_dirs
 
 JOB_ID_TAG = "kitchen.job_id"
 AXIS_FIELDS = ("step", "total_steps")  # MLflow's x axis (every value's step), not metrics
@@ -96,10 +97,10 @@ def checkpoint_tags(run_dir: str) -> dict[str, str]:
     """`kitchen.checkpoint.<step dir>`: the sha256 of each file of each checkpoint's meta.json
     (trainer/checkpoint.py writes it; read here as JSON: the launcher has no torch)."""
     tags = {}
-    root = os.path.join(run_dir, "checkpoints")
-    for name in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+    for path in checkpoint_dirs(run_dir):
+        name = os.path.basename(path)
         try:
-            with open(os.path.join(root, name, "meta.json"), encoding="utf-8") as f:
+            with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
                 files = json.load(f).get("files", {})
         except (OSError, ValueError, AttributeError):
             continue  # being written, or damaged: trainer/checkpoint.py skips it too
@@ -115,9 +116,8 @@ def run_artifacts(run_dir: str) -> list[tuple[str, str]]:
         return []
     out = [(os.path.join(run_dir, n), "plots") for n in sorted(os.listdir(run_dir))]
     out = [(path, d) for path, d in out if path.endswith(".png")]
-    checkpoints = os.path.join(run_dir, "checkpoints")
-    for name in sorted(os.listdir(checkpoints)) if os.path.isdir(checkpoints) else []:
-        out.append((os.path.join(checkpoints, name, "meta.json"), f"checkpoints/{name}"))
+    for path in checkpoint_dirs(run_dir):
+        out.append((os.path.join(path, "meta.json"), f"checkpoints/{os.path.basename(path)}"))
     return out
 
 

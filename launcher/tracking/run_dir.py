@@ -8,16 +8,12 @@ config it was started from, given with --config), its metrics.jsonl, its checkpo
 import os
 from dataclasses import dataclass
 
-from google.protobuf import json_format
-
 from launcher.tracking import records
 from launcher.tracking.records import Point
-from protos import attempt_pb2, job_pb2
+from protos import job_pb2
+from protos.attempt_file import ATTEMPT_FILE, ATTEMPTS_DIR, newest_attempt
 from protos.config_yaml import load_job_spec
 from protos.progress_log import read_progress_log
-
-ATTEMPTS = "attempts"
-ATTEMPT_FILE = "attempt.json"  # launcher/executors/handoff.py writes it
 
 
 class RunDirError(ValueError):
@@ -31,27 +27,16 @@ class Run:
     warnings: list[str]
 
 
-def _newest_attempt(run_dir: str) -> attempt_pb2.Attempt | None:
-    root = os.path.join(run_dir, ATTEMPTS)
-    names = sorted(os.listdir(root)) if os.path.isdir(root) else []
-    for name in reversed(names):
-        path = os.path.join(root, name, ATTEMPT_FILE)
-        if os.path.isfile(path):
-            try:
-                with open(path, encoding="utf-8") as f:
-                    return json_format.Parse(f.read(), attempt_pb2.Attempt())
-            except json_format.ParseError as err:
-                raise RunDirError(f"{path}: not a kitchen.v1.Attempt: {err}") from err
-    return None
-
-
 def read_run(run_dir: str, config: str = "") -> Run:
     """The run in `run_dir`; `config` (a job YAML) gives the spec of a run started by hand."""
     run_dir = os.path.abspath(run_dir)
     if not os.path.isdir(run_dir):
         raise RunDirError(f"{run_dir}: no such run directory")
     log = read_progress_log(run_dir)  # FileNotFoundError / ProgressLogError name the file
-    attempt = _newest_attempt(run_dir)
+    try:
+        attempt = newest_attempt(run_dir)
+    except ValueError as err:
+        raise RunDirError(str(err)) from err
     warnings = list(log.warnings)
     if config:
         spec = load_job_spec(config)  # ConfigError names file and field
@@ -60,7 +45,7 @@ def read_run(run_dir: str, config: str = "") -> Run:
         spec, job_id = attempt.spec, attempt.job_id
     else:
         raise RunDirError(
-            f"{run_dir}: no {ATTEMPTS}/*/{ATTEMPT_FILE} (not started by a launcher): give the "
+            f"{run_dir}: no {ATTEMPTS_DIR}/*/{ATTEMPT_FILE} (not started by a launcher): give the "
             "job's YAML with --config"
         )
     job = job_pb2.Job(id=job_id, spec=spec, run_dir=run_dir)
