@@ -12,18 +12,27 @@ connection idle for `timeout_keep_alive`, but waits forever for a request's head
 so a client that sends them a byte at a time (slowloris) or not at all holds its connection and
 its handler. This one closes a connection whose request is not all in within
 ServeConfig.request_timeout_seconds of its first byte (or of the connection, for the first).
+It also closes a connection gently when the answer went out before the request was all in (a
+refused body): closing a socket with unread data makes the kernel send a reset, and a reset can
+reach the client before it has read the answer, so the client sees "connection reset" instead
+of the 400. Like Apache's and nginx's lingering close, it sends its FIN after the answer, then
+reads and drops what the client still sends for up to LINGER_SECONDS or LINGER_BYTES.
 """
 
+import asyncio
 import hashlib
 import hmac
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, cast
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from trainer.serve.requests import ApiError
+
+LINGER_SECONDS = 2.0  # a refused body is dropped for this long after the answer ...
+LINGER_BYTES = 4 << 20  # ... or this much of it, whichever ends first
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -122,18 +131,41 @@ async def _answer(send: Send, error: ApiError) -> None:
     await send({"type": "http.response.body", "body": content})
 
 
+class _CloseGently:
+    """The transport uvicorn's request cycle holds: its close() is the protocol's lingering one."""
+
+    def __init__(self, transport, protocol) -> None:
+        self._transport, self._protocol = transport, protocol
+
+    def close(self) -> None:
+        self._protocol.close_after_answer()
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
 def timed_protocol(request_timeout: float) -> type[H11Protocol]:
     """uvicorn's h11 protocol that closes a connection whose request is not all in (headers
-    and body) within `request_timeout` seconds (uvicorn.Config(http=...))."""
+    and body) within `request_timeout` seconds (uvicorn.Config(http=...)), and closes gently
+    one answered before its body was all in."""
 
     class TimedH11Protocol(H11Protocol):
         _request_timer = None
+        _dropped: int | None = None  # bytes dropped while lingering; None: not lingering
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self._socket = transport
+            # the request cycle takes its transport from here; all else goes to the socket's
+            self.transport = cast(asyncio.Transport, _CloseGently(transport, self))
             self._arm()  # nothing sent yet is a request not in yet
 
         def data_received(self, data: bytes) -> None:
+            if self._dropped is not None:
+                self._dropped += len(data)
+                if self._dropped > LINGER_BYTES:
+                    self._socket.close()
+                return
             super().data_received(data)
             if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
                 self._arm()  # a request begun: its clock runs from its first byte
@@ -143,6 +175,21 @@ def timed_protocol(request_timeout: float) -> type[H11Protocol]:
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def close_after_answer(self) -> None:
+            socket = self._socket
+            if (
+                self.conn.their_state is not h11.SEND_BODY
+                or socket.is_closing()
+                or not socket.can_write_eof()  # TLS cannot half-close
+            ):
+                socket.close()
+                return
+            self._disarm()
+            self._dropped = 0
+            socket.write_eof()  # after the answer, which is already queued
+            socket.resume_reading()  # uvicorn pauses reading while a body waits for its app
+            self.loop.call_later(LINGER_SECONDS, socket.close)
 
         def _arm(self) -> None:
             if self._request_timer is None:
@@ -156,6 +203,6 @@ def timed_protocol(request_timeout: float) -> type[H11Protocol]:
         def _timed_out(self) -> None:
             self._request_timer = None
             if self.conn.their_state in (h11.IDLE, h11.SEND_BODY):
-                self.transport.close()
+                self._socket.close()
 
     return TimedH11Protocol
