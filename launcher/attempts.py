@@ -17,6 +17,7 @@ from launcher.executors.base import Launch, Observed, Status, last_line
 from launcher.faults import ErrorLog, Holds
 from launcher.unfinished import LiveAttempt
 from protos import hang_report, job_pb2, launcher_pb2
+from protos.attempt_file import OUTPUT_LOG
 
 
 class Attempts:
@@ -109,5 +110,5 @@ class Attempts:
         if seen.exit_code not in (0, None) and (found := self.trainer_hang_report(live)):
             return found
         if not seen.detail and seen.exit_code not in (0, None):
-            return last_line(os.path.join(live.handle["attempt_dir"], "output.log"))
+            return last_line(os.path.join(live.handle["attempt_dir"], OUTPUT_LOG))
         return seen.detail

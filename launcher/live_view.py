@@ -15,6 +15,7 @@ import time
 import grpc
 
 from protos import job_pb2
+from protos.attempt_file import OUTPUT_LOG, attempt_dir
 from protos.exit_codes import ExitCode
 
 # What `submit` and `kitchen watch` exit with when the job ends in each final state.
@@ -116,7 +117,7 @@ class LiveView:
                 what += f": {job.exit_reason}"
             self._line(f"[{stamp}] {job.id} {what}")
             if job.state == job_pb2.RUNNING and job.run_dir:
-                output = os.path.join(job.run_dir, "attempts", f"{job.attempts:03d}", "output.log")
+                output = os.path.join(attempt_dir(job.run_dir, job.attempts), OUTPUT_LOG)
                 self._line(f"[{stamp}] trainer output (precook, steps, errors): {output}")
             self._state, self._attempt = job.state, job.attempts
         if job.waiting_reason and job.waiting_reason != self._waiting:

@@ -15,6 +15,7 @@ from launcher.auth import TokenAuth, bearer
 from launcher.controller import FINAL
 from launcher.store_base import PageTokenError, RequestIdReused
 from protos import job_pb2, launcher_pb2, launcher_pb2_grpc, run_refs
+from protos.attempt_file import ATTEMPTS_DIR, OUTPUT_LOG
 from protos.config_yaml import ConfigError
 
 LOG_CHUNK_BYTES = 64 * 1024
@@ -147,8 +148,8 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
         while context.is_active():
             final = job.state in FINAL  # read before the logs: nothing written after is missed
             sent_any = False
-            for attempt in sorted(glob.glob(os.path.join(job.run_dir, "attempts", "*"))):
-                path = os.path.join(attempt, "output.log")
+            for attempt in sorted(glob.glob(os.path.join(job.run_dir, ATTEMPTS_DIR, "*"))):
+                path = os.path.join(attempt, OUTPUT_LOG)
                 if attempt not in offsets:
                     offsets[attempt] = 0
                     header = f"===== attempt {int(os.path.basename(attempt))} =====\n"

@@ -13,6 +13,7 @@ from protos import attempt_pb2
 
 ATTEMPTS_DIR = "attempts"
 ATTEMPT_FILE = "attempt.json"
+OUTPUT_LOG = "output.log"  # the attempt's stdout and stderr, as the executor's wrapper saw them
 
 
 def attempt_dir(run_dir: str, attempt: int) -> str:

@@ -17,6 +17,7 @@ import sys
 from launcher.executors.attempt_wrapper import write_json_atomically
 from launcher.executors.handoff import ATTEMPT_FILE
 from protos import attempt_pb2, job_pb2
+from protos.attempt_file import OUTPUT_LOG
 from protos.attempt_file import attempt_dir as attempt_dir  # re-exported: the executors use it
 
 # What a trainer in an image or a pod gets of the launch environment (the host's PYTHONPATH
@@ -63,7 +64,7 @@ class Launch:
 
     @property
     def log_path(self) -> str:
-        return os.path.join(self.attempt_dir, "output.log")
+        return os.path.join(self.attempt_dir, OUTPUT_LOG)
 
     def trainer_args(self, attempt_file: str = "") -> list:
         """The trainer contract's arguments: `--attempt FILE` (where the trainer sees the

@@ -34,7 +34,15 @@ import kubernetes_validate
 import yaml
 
 from launcher.executors import handoff
-from launcher.executors.base import PORTABLE_ENV, Executor, Launch, Observed, Status, torchrun
+from launcher.executors.base import (
+    OUTPUT_LOG,
+    PORTABLE_ENV,
+    Executor,
+    Launch,
+    Observed,
+    Status,
+    torchrun,
+)
 from protos import attempt_pb2, launcher_pb2
 from protos.files import write_atomic
 
@@ -320,7 +328,7 @@ class KubernetesExecutor(Executor):
         selector = urllib.parse.quote(f"job-name={h['name']}")
         pods = self._api().call("GET", self._path("Pod") + f"?labelSelector={selector}")
         codes = []
-        with open(os.path.join(h["attempt_dir"], "output.log"), "a") as log:
+        with open(os.path.join(h["attempt_dir"], OUTPUT_LOG), "a") as log:
             for pod in pods.get("items", []):
                 for c in pod.get("status", {}).get("containerStatuses", []):
                     done = c.get("state", {}).get("terminated")

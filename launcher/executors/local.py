@@ -16,6 +16,7 @@ import time
 from launcher.executors import image, task_array
 from launcher.executors.attempt_wrapper import DUPLICATE, start_ticks, write_json_atomically
 from launcher.executors.base import (
+    OUTPUT_LOG,
     STARTUP_GRACE_SECONDS,
     Executor,
     Launch,
@@ -89,7 +90,7 @@ class LocalExecutor(Executor):
             if self.sandbox is not None:
                 argv = self.sandbox.command(launch, argv, env, gpus)
             argv = wrapped(where, argv, sandboxed=self.sandbox is not None)
-            return {"argv": argv, "log": os.path.join(where, "output.log")}
+            return {"argv": argv, "log": os.path.join(where, OUTPUT_LOG)}
 
         plan = {
             "prepare": step(PrecookStep.PREPARE),

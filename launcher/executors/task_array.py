@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from launcher.executors.attempt_wrapper import start_ticks
 from launcher.executors.base import Launch, Observed, exit_status, last_line, read_json
 from protos import job_pb2
+from protos.attempt_file import ATTEMPTS_DIR, OUTPUT_LOG
 from protos.precook_steps import PrecookStep, step_args
 
 TASKS_DIR = "tasks"
@@ -51,7 +52,7 @@ def run_dir_of(attempt_dir: str) -> str:
 def succeeded(run_dir: str) -> set[int]:
     """The tasks that exited 0 in any attempt of the job."""
     out = set()
-    for path in glob.glob(os.path.join(run_dir, "attempts", "*", TASKS_DIR, "*", "exit.json")):
+    for path in glob.glob(os.path.join(run_dir, ATTEMPTS_DIR, "*", TASKS_DIR, "*", "exit.json")):
         ended = read_json(path)
         index = os.path.basename(os.path.dirname(path))
         if ended is not None and ended.get("code") == 0 and index.isdigit():
@@ -94,7 +95,7 @@ def failed_step(attempt_dir: str, tasks: Iterable[int], n: int) -> Observed | No
     for directory, what in named:
         ended = exit_status(directory)
         if ended is not None and ended.exit_code != 0:
-            said = ended.detail or last_line(os.path.join(directory, "output.log"))
+            said = ended.detail or last_line(os.path.join(directory, OUTPUT_LOG))
             return Observed(
                 ended.status, ended.exit_code, f"precook {what} exited {ended.exit_code}: {said}"
             )
@@ -111,8 +112,8 @@ def last_output(attempt_dir: str) -> float:
     progress reports, and one task can run for hours before any finishes, so the launcher's
     hang detector takes a step's log line as a sign of life (a task writes precook's progress
     line, trainer/data/progress.py, every few seconds while it tokenizes)."""
-    logs = glob.glob(os.path.join(attempt_dir, "*", "output.log"))
-    logs += glob.glob(os.path.join(attempt_dir, TASKS_DIR, "*", "output.log"))
+    logs = glob.glob(os.path.join(attempt_dir, "*", OUTPUT_LOG))
+    logs += glob.glob(os.path.join(attempt_dir, TASKS_DIR, "*", OUTPUT_LOG))
     times = []
     for path in logs:
         try:

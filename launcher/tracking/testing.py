@@ -76,13 +76,13 @@ def write_run(run_dir, job_id: str, spec, losses: list[float]) -> None:
     the closing "done" record, written by protos/progress_log.py as the trainer writes them."""
     from google.protobuf import json_format  # noqa: PLC0415
 
-    from protos import attempt_pb2, progress_pb2  # noqa: PLC0415
+    from protos import attempt_file, attempt_pb2, progress_pb2  # noqa: PLC0415
     from protos.progress_log import append_progress, log_path  # noqa: PLC0415
 
-    attempt_dir = os.path.join(run_dir, "attempts", "001")
+    attempt_dir = attempt_file.attempt_dir(str(run_dir), 1)
     os.makedirs(attempt_dir, exist_ok=True)
     attempt = attempt_pb2.Attempt(job_id=job_id, number=1, spec=spec, run_dir=str(run_dir))
-    with open(os.path.join(attempt_dir, "attempt.json"), "w") as f:
+    with open(os.path.join(attempt_dir, attempt_file.ATTEMPT_FILE), "w") as f:
         f.write(json_format.MessageToJson(attempt))
     steps = len(losses)
     for step, loss in enumerate(losses, start=1):
