@@ -5,6 +5,7 @@ every link between documents leads to a file and a section that exist: links wit
 links to any Markdown file (each is a data dependency in docs/BUILD.bazel). Links to source files elsewhere in the repository are not
 checked here: that would need the whole tree in this test's inputs."""
 
+import dataclasses
 import math
 import os
 import re
@@ -17,6 +18,7 @@ DOCS = Path(__file__).parent
 MAPPING = "## What this maps to in build and CI work"
 NOT_GUIDES = {"README.md", "glossary.md"}
 LINK = re.compile(r"\]\(([^)\s]+)\)")
+ANCHOR_TAG = re.compile(r'<a id="([\w-]+)"></a>')
 # Technical prose with commands and output, read at a steady pace. Every word counts: prose,
 # commands, output and tables (a reader reads the output the guide explains).
 WORDS_PER_MINUTE = 200
@@ -35,12 +37,15 @@ def slug(heading: str) -> str:
 
 
 def anchors(path: Path) -> set[str]:
+    """Its headings' anchors, and the ids of `<a id="...">` tags (the glossary's terms)."""
     out, in_code = set(), False
     for line in path.read_text().splitlines():
         if line.startswith("```"):
             in_code = not in_code
         elif not in_code and line.startswith("#"):
             out.add(slug(line.lstrip("#")))
+        elif not in_code:
+            out.update(ANCHOR_TAG.findall(line))
     return out
 
 
@@ -167,3 +172,122 @@ def test_rest_of_path_time_is_computed():
         f"docs/README.md: guides after {last} are {total:,} words: {minutes(total)} min at "
         f"{WORDS_PER_MINUTE} wpm, not {found.group(1)}"
     )
+
+
+# Words a guide uses in another sense than the glossary's term, which do not count as its
+# first use: (word, guide) -> the sense meant there.
+OTHER_SENSES = {
+    ("policy", "launcher.md"): "the launcher's security policy",
+    ("policy", "precook_scale.md"): "a job's retry policy",
+    ("layout", "launcher.md"): "an OCI image's layout directory",
+    ("shard", "launcher.md"): "a CI test shard",
+    ("shard", "serve.md"): "a CI test shard",
+    ("shard", "precook_scale.md"): "a CI test shard",
+    ("layout", "images.md"): "an OCI image's layout directory",
+    ("shard", "parallelism.md"): "to split a tensor across ranks",
+    ("step", "precook.md"): "a step of a build or of precook, not of training",
+}
+# First uses in guides other helpers are rewriting now (#34): each waits for a glossary link
+# there. The test fails when one is fixed, so that the list only shrinks.
+KNOWN_GAPS = {
+    ("hang", "launcher.md"),
+    ("alert", "serve.md"),
+}
+
+
+@dataclasses.dataclass
+class Term:
+    name: str
+    anchor: str
+    defined_in: str  # the guide the glossary's "seen in" names
+    phrases: list[str]
+
+
+def glossary_terms() -> list[Term]:
+    """Each row's term; its phrases are its ` / ` alternatives without a parenthesis, and a
+    parenthesis that abbreviates them (`mixture of experts (MoE)`). A parenthesis that tells a
+    sense apart (`layer (image)` from `layer`) leaves no phrase of its own: the plain word
+    belongs to the plain term."""
+    rows = [r for r in (DOCS / "glossary.md").read_text().splitlines() if r.startswith("| <a")]
+    out = []
+    for row in rows:
+        cell, _, rest = row[2:].partition(" | ")
+        anchor = ANCHOR_TAG.search(cell).group(1)
+        name = ANCHOR_TAG.sub("", cell)
+        phrases = [re.sub(r"\s*\([^)]*\)", "", alt).strip() for alt in name.split(" / ")]
+        phrases += [a for a in re.findall(r"\(([^)]+)\)", name) if is_abbreviation(a, phrases[0])]
+        defined_in = re.search(r"\]\(([\w.]+\.md)#", rest).group(1)
+        out.append(Term(name, anchor, defined_in, phrases))
+    plain = {t.name for t in out}
+    for term in out:
+        if "(" in term.name and term.phrases[0] in plain:
+            term.phrases = term.phrases[1:]
+    return out
+
+
+def is_abbreviation(short: str, words: str) -> bool:
+    """`MoE` of `mixture of experts`, `TTFT` of `time to first token`."""
+    initials = "".join(w[0] for w in re.split(r"[\s-]+", words) if w).lower()
+    return " " not in short and len(short) > 1 and short.lower() in (initials, initials[:-1] + "e")
+
+
+def prose_lines(path: Path) -> list[tuple[int, str]]:
+    """Lines a reader reads as prose: not code blocks, not headings, without inline code."""
+    out, in_code = [], False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and not line.startswith("#"):
+            out.append((number, re.sub(r"`[^`]*`", "", line)))
+    return out
+
+
+LINKED = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+
+
+def first_use(term: Term, guides: list[str]) -> tuple[str, int, str] | None:
+    """(guide, line, link target or "") of the term's first use in reading order."""
+    patterns = [
+        re.compile(r"(?<![\w-])" + re.escape(p) + r"(?![\w-])", 0 if p != p.lower() else re.I)
+        for p in term.phrases
+    ]
+    for guide in guides:
+        for number, line in prose_lines(DOCS / guide):
+            # Link targets are not read; a link's text is, and remembers where it leads.
+            spans = [(m.start(1), m.end(1), m.group(2)) for m in LINKED.finditer(line)]
+            text = LINKED.sub(lambda m: "[" + m.group(1) + "]" + " " * (len(m.group(2)) + 2), line)
+            hits = [m.start() for p in patterns for m in p.finditer(text)]
+            hits = [h for h in hits if (p_word(text, h), guide) not in OTHER_SENSES]
+            if hits:
+                at = min(hits)
+                target = next((tgt for a, b, tgt in spans if a <= at < b), "")
+                return guide, number, target
+    return None
+
+
+def p_word(text: str, at: int) -> str:
+    return re.match(r"[\w-]+", text[at:]).group(0).lower()
+
+
+def test_every_glossary_term_is_explained_or_linked_at_first_use():
+    guides = [g for _, g, _ in reading_path()]
+    wrong, gaps = [], set()
+    for term in glossary_terms():
+        use = first_use(term, guides)
+        if use is None:
+            continue
+        guide, number, target = use
+        linked = target in (f"glossary.md#{term.anchor}",) or target.split("#")[0] == term.defined_in
+        if guide == term.defined_in or linked:
+            continue
+        if (term.name, guide) in KNOWN_GAPS:
+            gaps.add((term.name, guide))
+            continue
+        wrong.append(
+            f"docs/{guide}:{number}: first use of {term.name!r} in reading order: link it, "
+            f"[{term.phrases[0]}](glossary.md#{term.anchor}), or explain it in "
+            f"docs/{term.defined_in} (the glossary's 'seen in') before"
+        )
+    assert not wrong, "\n".join(wrong)
+    fixed = set(KNOWN_GAPS) - gaps
+    assert not fixed, f"no longer gaps, remove them from KNOWN_GAPS: {sorted(fixed)}"
