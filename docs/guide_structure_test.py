@@ -2,8 +2,9 @@
 docs/README.md's reading path lists every guide with a reading time computed from its words,
 every glossary term is explained or linked to the glossary where the path first uses it, and
 every link between documents leads to a file and a section that exist: links within docs/, and
-links to any Markdown file (each is a data dependency in docs/BUILD.bazel). Links to source files elsewhere in the repository are not
-checked here: that would need the whole tree in this test's inputs."""
+links to any Markdown file (each is a data dependency in docs/BUILD.bazel). Links to source
+files elsewhere in the repository are not checked here: that would need the whole tree in this
+test's inputs."""
 
 import dataclasses
 import math
@@ -177,15 +178,15 @@ def test_rest_of_path_time_is_computed():
 # Words a guide uses in another sense than the glossary's term, which do not count as its
 # first use: (word, guide) -> the sense meant there.
 OTHER_SENSES = {
+    ("step", "precook.md"): "a step of a build or of precook, not of training",
     ("policy", "launcher.md"): "the launcher's security policy",
-    ("policy", "precook_scale.md"): "a job's retry policy",
     ("layout", "launcher.md"): "an OCI image's layout directory",
     ("shard", "launcher.md"): "a CI test shard",
     ("shard", "serve.md"): "a CI test shard",
-    ("shard", "precook_scale.md"): "a CI test shard",
     ("layout", "images.md"): "an OCI image's layout directory",
+    ("policy", "precook_scale.md"): "a job's retry policy",
+    ("shard", "precook_scale.md"): "a CI test shard",
     ("shard", "parallelism.md"): "to split a tensor across ranks",
-    ("step", "precook.md"): "a step of a build or of precook, not of training",
 }
 # First uses in guides other helpers are rewriting now (#34): each waits for a glossary link
 # there. The test fails when one is fixed, so that the list only shrinks.
@@ -257,7 +258,7 @@ def first_use(term: Term, guides: list[str]) -> tuple[str, int, str] | None:
             spans = [(m.start(1), m.end(1), m.group(2)) for m in LINKED.finditer(line)]
             text = LINKED.sub(lambda m: "[" + m.group(1) + "]" + " " * (len(m.group(2)) + 2), line)
             hits = [m.start() for p in patterns for m in p.finditer(text)]
-            hits = [h for h in hits if (p_word(text, h), guide) not in OTHER_SENSES]
+            hits = [h for h in hits if (word_at(text, h), guide) not in OTHER_SENSES]
             if hits:
                 at = min(hits)
                 target = next((tgt for a, b, tgt in spans if a <= at < b), "")
@@ -265,11 +266,13 @@ def first_use(term: Term, guides: list[str]) -> tuple[str, int, str] | None:
     return None
 
 
-def p_word(text: str, at: int) -> str:
+def word_at(text: str, at: int) -> str:
     return re.match(r"[\w-]+", text[at:]).group(0).lower()
 
 
 def test_every_glossary_term_is_explained_or_linked_at_first_use():
+    # The guides in reading order; docs/README.md is their index, whose table previews each
+    # guide's words and sends the reader to the glossary before any of them.
     guides = [g for _, g, _ in reading_path()]
     wrong, gaps = [], set()
     for term in glossary_terms():
@@ -277,7 +280,8 @@ def test_every_glossary_term_is_explained_or_linked_at_first_use():
         if use is None:
             continue
         guide, number, target = use
-        linked = target in (f"glossary.md#{term.anchor}",) or target.split("#")[0] == term.defined_in
+        # Linked to the glossary's entry, or to the guide that explains it.
+        linked = target == f"glossary.md#{term.anchor}" or target.split("#")[0] == term.defined_in
         if guide == term.defined_in or linked:
             continue
         if (term.name, guide) in KNOWN_GAPS:
@@ -291,3 +295,11 @@ def test_every_glossary_term_is_explained_or_linked_at_first_use():
     assert not wrong, "\n".join(wrong)
     fixed = set(KNOWN_GAPS) - gaps
     assert not fixed, f"no longer gaps, remove them from KNOWN_GAPS: {sorted(fixed)}"
+
+
+def test_term_phrases():
+    terms = {t.name: t.phrases for t in glossary_terms()}
+    assert terms["mixture of experts (MoE)"] == ["mixture of experts", "MoE"]
+    assert terms["decode / prefill"] == ["decode", "prefill"]
+    assert terms["layer (image)"] == []  # `layer` is the plain term's
+    assert terms["vocabulary (V)"] == ["vocabulary"]
