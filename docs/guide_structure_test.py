@@ -167,7 +167,9 @@ def test_rest_of_path_time_is_computed():
     readme = (DOCS / "README.md").read_text()
     found = re.search(r"They add (\d+) min of reading", readme)
     assert found, "docs/README.md does not say 'They add N min of reading'"
-    last = int(CORE_LINE.search(readme).group(1))
+    core = CORE_LINE.search(readme)
+    assert core, "docs/README.md does not say 'Guides 1-N are the core path: M min of reading'"
+    last = int(core.group(1))
     total = sum(words(DOCS / g) for n, g, _ in reading_path() if n > last)
     assert int(found.group(1)) == minutes(total), (
         f"docs/README.md: guides after {last} are {total:,} words: {minutes(total)} min at "
@@ -209,16 +211,19 @@ def glossary_terms() -> list[Term]:
     parenthesis that abbreviates them (`mixture of experts (MoE)`). A parenthesis that tells a
     sense apart (`layer (image)` from `layer`) leaves no phrase of its own: the plain word
     belongs to the plain term."""
-    rows = [r for r in (DOCS / "glossary.md").read_text().splitlines() if r.startswith("| <a")]
+    lines = (DOCS / "glossary.md").read_text().splitlines()
     out = []
-    for row in rows:
+    for number, row in enumerate(lines, 1):
+        if not row.startswith("| ") or row.startswith(("| term |", "| ---")):
+            continue
         cell, _, rest = row[2:].partition(" | ")
-        anchor = ANCHOR_TAG.search(cell).group(1)
+        anchor, seen_in = ANCHOR_TAG.search(cell), re.search(r"\]\(([\w.]+\.md)#", rest)
+        assert anchor, f'docs/glossary.md:{number}: the term has no <a id="..."></a> anchor'
+        assert seen_in, f"docs/glossary.md:{number}: no 'seen in' link to a guide's section"
         name = ANCHOR_TAG.sub("", cell)
         phrases = [re.sub(r"\s*\([^)]*\)", "", alt).strip() for alt in name.split(" / ")]
         phrases += [a for a in re.findall(r"\(([^)]+)\)", name) if is_abbreviation(a, phrases[0])]
-        defined_in = re.search(r"\]\(([\w.]+\.md)#", rest).group(1)
-        out.append(Term(name, anchor, defined_in, phrases))
+        out.append(Term(name, anchor.group(1), seen_in.group(1), phrases))
     plain = {t.name for t in out}
     for term in out:
         if "(" in term.name and term.phrases[0] in plain:
@@ -267,7 +272,8 @@ def first_use(term: Term, guides: list[str]) -> tuple[str, int, str] | None:
 
 
 def word_at(text: str, at: int) -> str:
-    return re.match(r"[\w-]+", text[at:]).group(0).lower()
+    """The word starting at `at` (where a phrase matched, so there is one)."""
+    return re.split(r"[^\w-]", text[at:], maxsplit=1)[0].lower()
 
 
 def test_every_glossary_term_is_explained_or_linked_at_first_use():
