@@ -42,28 +42,32 @@ GUIDES = (
     "eval.md",
     "generate.md",
     "launcher.md",
-    "observability.md",
+    "serve.md",
     "images.md",
+    "precook_scale.md",
+    "parallelism.md",
     "reliability.md",
-    "rlhf.md",
     "moe.md",
+    "rlhf.md",
     "interop.md",
     "vlm.md",
-    "parallelism.md",
-    "serve.md",
+    "observability.md",
 )
 # Each test target (docs/BUILD.bazel, GUIDE_GROUPS) runs one group: the guides a group's last
 # ones need, in the order above, in one fresh workspace. A guide that only needs the precooked
-# data, or the j2/j3 checkpoints, replays just those guides, so the groups run in parallel and
-# a slow guide fails alone. Job ids stay those of the full path: the replayed guides are its
-# prefix, and the guides after them start their jobs by hand (`//trainer:train --run-dir`).
+# data, or the pretraining and SFT checkpoints, replays just those guides, so the groups run in
+# parallel and a slow guide fails alone. Job ids stay those of the full path: the replayed
+# guides are its prefix, and the guides after them start their jobs by hand
+# (`//trainer:train --run-dir`).
 GROUPS = {
-    # README to images, the walkthrough; serve.md runs in the launcher guide's launcher (its
-    # job is j3 there, after launcher.md's j1 and j2).
-    "path": (*GUIDES[:9], "serve.md"),
+    # README to the launcher, the walkthrough; serve.md runs in the launcher guide's launcher
+    # (its job is j3 there, after launcher.md's j1 and j2); observability.md reports on the
+    # pretraining run.
+    "path": (*GUIDES[:9], "observability.md"),
     "reliability": ("precook.md", "reliability.md"),
     "rlhf": ("precook.md", "pretrain.md", "sft.md", "rlhf.md"),
-    "moe": ("precook.md", "moe.md"),
+    # precook_scale.md's commands are all checked, not run (a corpus path, or 30 minutes).
+    "moe": ("precook.md", "precook_scale.md", "moe.md"),
     "interop": ("precook.md", "pretrain.md", "sft.md", "interop.md"),
     "vlm": ("vlm.md",),  # its own synthetic scenes, text model and stages
     "parallelism": ("parallelism.md",),
@@ -319,6 +323,12 @@ def test_markers_are_understood():
     (unmarked,) = commands_in("g.md", "```sh\ncat x.log\n```\n")
     with pytest.raises(pytest.fail.Exception, match="not run by the test"):
         parse_bazel_run(unmarked)
+
+
+def test_guides_run_in_the_reading_order():
+    """GUIDES is docs/README.md's reading path: the test replays what a newcomer does."""
+    table = re.findall(r"^\| \d+ \| \[([\w.]+)\]", (DOCS / "README.md").read_text(), re.M)
+    assert ["README.md", *table] == list(GUIDES)
 
 
 def test_every_guide_runs_in_a_group_in_path_order():

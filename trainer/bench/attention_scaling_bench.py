@@ -3,8 +3,8 @@
     ./bazel run //trainer/bench:attention_scaling_bench -- \
         --out $PWD/trainer/bench/attention_scaling_cpu.md
 
-docs/precook.md section 6 trains best_fit rows at 4K and 8K; the step itself is measured here,
-alone: the packing benchmark's model (2 layers, dim 64, 2 heads, 4,096 ids), forward and
+docs/precook_scale.md section 3 trains best_fit rows at 4K and 8K; the step itself is measured
+here, alone: the packing benchmark's model (2 layers, dim 64, 2 heads, 4,096 ids), forward and
 backward over the same number of tokens as R rows of 4,096 and R/2 rows of 8,192, documents of
 2,042 tokens (the whole standard library's median) packed end to end and masked apart. On the
 CPU, attention runs over a dense T x T mask, so its work per token doubles from 4K to 8K; the
