@@ -20,13 +20,17 @@ import enum
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import llguidance
 import torch
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions
+
 # Compact JSON, no free whitespace: a model may not pad an answer with spaces forever, and
 # every answer of a schema has one spelling per value (the tokens decide only the values).
-JSON_OPTIONS: dict = {"whitespace_flexible": False}
+JSON_OPTIONS: "JsonCompileOptions" = {"whitespace_flexible": False}
 
 
 class Format(enum.Enum):
@@ -177,4 +181,3 @@ def masked(logits: torch.Tensor, rows: Sequence[tuple[int, Matcher]]) -> torch.T
     for i, matcher in rows:
         out[i].masked_fill_(~matcher.allowed(out.shape[-1], out.device), float("-inf"))
     return out
-

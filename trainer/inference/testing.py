@@ -13,13 +13,13 @@ EOS = VOCAB - 1
 BOS = VOCAB - 2
 
 
-def tiny_model(max_seq_len: int = 96, seed: int = 0) -> Transformer:
+def tiny_model(max_seq_len: int = 96, seed: int = 0, vocab: int = VOCAB) -> Transformer:
     cfg = trainer_config_pb2.TrainerConfig()
     cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.model.n_kv_heads = 32, 2, 4, 2
     cfg.model.max_seq_len = max_seq_len
     cfg.model.use_kernels = False
     torch.manual_seed(seed)
-    model = Transformer(defaults.with_defaults(cfg).model, VOCAB)
+    model = Transformer(defaults.with_defaults(cfg).model, vocab)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
