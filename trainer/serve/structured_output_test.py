@@ -2,7 +2,7 @@
 both endpoints of a live server, whose tokenizer is a byte-level BPE trained here (Kitchen's
 `bpe` kind, its tokenizer.json read by llguidance) and whose model has that vocabulary. Every
 answer parses and validates; a schema or pattern no answer can satisfy is a 400 naming the
-field; the grammar metrics count what the engine masked."""
+field; the grammar metrics count what the engine masked; cl100k's vocabulary works too."""
 
 import json
 import re
@@ -12,7 +12,8 @@ import openai
 import pytest
 import torch
 
-from trainer.data.tokenizer import train_bpe
+from trainer.data.tokenizer import cl100k, train_bpe
+from trainer.inference.grammar import Constraint, Format, Grammars
 from trainer.inference.testing import serve_config, tiny_model
 from trainer.serve.api import ServedModel
 from trainer.serve.server import Server, grammar_vocabulary
@@ -171,3 +172,23 @@ def test_grammar_metrics_count_the_masked_tokens(server, client):
     client.completions.create(model="tiny", prompt="free", max_tokens=5)
     assert scraped("kitchen_serve_grammar_tokens_total") - before == tokens
     assert scraped("kitchen_serve_grammar_seconds_total") > seconds
+
+
+@pytest.mark.parametrize("kind", ["bpe", "cl100k"])
+def test_the_grammar_reads_each_kitchen_tokenizer(tokenizer, kind):
+    """The masks allow exactly the tokenizer's own spelling of a valid answer (every token of
+    it, in turn), and refuse a token that would break it: the trained BPE (its tokenizer.json)
+    and cl100k (its bytes per id)."""
+    tok = tokenizer if kind == "bpe" else cl100k()
+    grammars = Grammars(grammar_vocabulary(tok))
+    matcher = grammars.matcher(Constraint(Format.JSON_SCHEMA, json.dumps(PERSON)))
+    answer = '{"name":"Ada","age":36,"cook":true,"dishes":["soup","pie"]}'
+    first = matcher.allowed(tok.vocab_size, torch.device("cpu"))
+    assert not first[tok.encode("[")[0]] and not first[tok.encode("a")[0]]  # an object first
+    for token in tok.encode(answer):
+        allowed = matcher.allowed(tok.vocab_size, torch.device("cpu"))
+        assert allowed[token], tok.decode([token])
+        matcher.accept(token)
+    assert matcher.allowed(tok.vocab_size, torch.device("cpu")).nonzero().flatten().tolist() == [
+        tok.eos_id
+    ]
