@@ -59,5 +59,5 @@ def test_all_committed_queries_are_found():
     queries = all_queries()
     kinds = [q.kind for q in queries]
     assert kinds.count("variable") == 3 and kinds.count("panel") >= 25  # + kitchen-serve
-    assert kinds.count("record") == 12 and kinds.count("alert") == 16
+    assert kinds.count("record") == 12 and kinds.count("alert") == 19
     assert all("$" not in q.expr for q in queries if q.kind in ("panel", "variable"))

@@ -263,6 +263,8 @@ class SimulatedFleet:
             prefix_cached_tokens=512 * 3 * sim.step,
             spec_draft_tokens=40 * sim.step,  # prompt lookup: ~30% of drafts kept
             spec_accepted_tokens=12 * sim.step,
+            grammar_seconds=0.02 * sim.step,  # 100 constrained tokens a step at 0.2 ms each
+            grammar_tokens=100 * sim.step,
         )
 
     def _routing(self, sim: SimulatedJob, p: progress_pb2.Progress) -> None:

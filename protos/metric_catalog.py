@@ -179,6 +179,10 @@ CATALOG = (
       "decoding's draft proposed.", SERVE, Series.COUNTER),
     M("spec_accepted_tokens", "kitchen_serve_job_spec_accepted_tokens", "Draft tokens the "
       "model confirmed (acceptance rate: over draft tokens).", SERVE, Series.COUNTER),
+    M("grammar_seconds", "kitchen_serve_job_grammar_seconds", "Seconds structured output's "
+      "grammars took (time per token: over grammar tokens).", SERVE, Series.COUNTER),
+    M("grammar_tokens", "kitchen_serve_job_grammar_tokens", "Positions structured output's "
+      "grammars masked.", SERVE, Series.COUNTER),
 )  # fmt: skip
 
 # Numeric fields deliberately not exported, and why: (source, field) -> reason.

@@ -5,7 +5,13 @@ serve job's own /metrics has the full histograms (docs/serve.md)."""
 from grafana_foundation_sdk.models.dashboard import Dashboard
 
 from observability.dashboards.catalog_panels import LEGEND, add_rows, series
-from observability.dashboards.panels import kitchen_dashboard, multi_value_variable, stat_panel
+from observability.dashboards.panels import (
+    kitchen_dashboard,
+    multi_value_variable,
+    stat_panel,
+    target,
+    timeseries_panel,
+)
 from protos import metric_panels
 from protos.metric_catalog import metric
 from protos.metric_panels import Board
@@ -22,6 +28,10 @@ HIT_RATE = f"rate({CACHED}[5m]) / clamp_min(rate({PROMPT}[5m]), 1)"
 # Speculative decoding's acceptance rate: draft tokens kept over draft tokens proposed.
 KEPT, DRAFTED = series("spec_accepted_tokens"), series("spec_draft_tokens")
 ACCEPTANCE = f"rate({KEPT}[5m]) / clamp_min(rate({DRAFTED}[5m]), 1)"
+# Structured output's grammar time per token: seconds over masked positions. No constrained
+# request in the window: no point (0/0), not a misleading 0.
+GRAMMAR_SECONDS, GRAMMAR_TOKENS = series("grammar_seconds"), series("grammar_tokens")
+GRAMMAR_PER_TOKEN = f"rate({GRAMMAR_SECONDS}[5m]) / rate({GRAMMAR_TOKENS}[5m])"
 
 
 def _at_a_glance() -> list:
@@ -76,6 +86,48 @@ def _at_a_glance() -> list:
     ]
 
 
+def _features() -> list:
+    """The serving features' timeseries (SERVE_LOAD row): what each saves or costs."""
+    return [
+        timeseries_panel(
+            "Prefix cache: cached tokens/s and hit rate",
+            "Prompt tokens per second read from the prefix cache instead of computed, beside "
+            "all prompt tokens admitted; the hit rate is their ratio (right: the At a glance "
+            "stat). A drop with unchanged traffic: the prompts now differ before their common "
+            "part (KitchenServePrefixCacheHitsDropped).",
+            "short",
+            [
+                target(f"rate({CACHED}[5m])", "cached " + LEGEND, "A"),
+                target(f"rate({PROMPT}[5m])", "prompt " + LEGEND, "B"),
+            ],
+            min_value=0,
+        ),
+        timeseries_panel(
+            "Speculative decoding: draft tokens/s and acceptance",
+            "Draft tokens proposed and kept per second. Kept over proposed is the acceptance "
+            "rate; near 0 with drafts proposed, every draft is computed for nothing "
+            "(KitchenServeDraftsRejected).",
+            "short",
+            [
+                target(f"rate({DRAFTED}[5m])", "drafted " + LEGEND, "A"),
+                target(f"rate({KEPT}[5m])", "kept " + LEGEND, "B"),
+            ],
+            min_value=0,
+        ),
+        timeseries_panel(
+            "Structured output: grammar time per token",
+            "Seconds the grammars of response_format requests took (token masks, draft checks, "
+            "compiling) per masked token. Healthy: well under a millisecond, a small share of "
+            "the inter-token latency; above 5 ms the masks, computed inside the engine's "
+            "step, slow every stream (KitchenServeGrammarSlow). No point: no constrained "
+            "request in the window.",
+            "s",
+            [target(GRAMMAR_PER_TOKEN, LEGEND, "A")],
+            min_value=0,
+        ),
+    ]
+
+
 def build() -> Dashboard:
     board = kitchen_dashboard(
         UID,
@@ -87,4 +139,5 @@ def build() -> Dashboard:
             "job_id", "Job", f"label_values({metric('kv_blocks_free').name}, job_id)"
         )
     )
-    return add_rows(board, Board.SERVE, {metric_panels.SERVE_GLANCE: _at_a_glance()}).build()
+    derived = {metric_panels.SERVE_GLANCE: _at_a_glance(), metric_panels.SERVE_LOAD: _features()}
+    return add_rows(board, Board.SERVE, derived).build()

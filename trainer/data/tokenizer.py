@@ -66,6 +66,22 @@ class Tokenizer:
             return self._backend.decode(ids, skip_special_tokens=True)
         return self._backend.decode(ids)
 
+    def hf_json(self) -> str:
+        """A `bpe` tokenizer's tokenizer.json text ("" for cl100k)."""
+        return self._backend.to_str() if self.kind == "bpe" else ""
+
+    def token_bytes(self) -> list[bytes]:
+        """cl100k's bytes of every id (b"" for its special tokens and the ids it lacks)."""
+        tokens = []
+        for i in range(self.vocab_size):
+            try:
+                tokens.append(
+                    b"" if i in self._specials else self._backend.decode_single_token_bytes(i)
+                )
+            except KeyError:
+                tokens.append(b"")
+        return tokens
+
     def save(self, directory: str) -> TokenizerSection:
         """Write the tokenizer file into `directory`; return the manifest's tokenizer section."""
         name = HF_FILE if self.kind == "bpe" else CL100K_FILE

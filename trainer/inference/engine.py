@@ -27,6 +27,10 @@ prompt lookup (speculative.py) and runs them with its last token in one step; it
 draft up to the first token the model would not have chosen, and the model's choice there:
 plain greedy decoding's tokens, several per step when drafts hit (`accepted` / `drafted`).
 
+With a request's `constraint` (structured output: a JSON schema, any JSON object, a regular
+expression), its logits are masked to the tokens its grammar allows before it samples, and its
+drafts are verified under the same mask at each position (grammar.py).
+
 When a decoding request needs a block and none is free, the newest running request is
 preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
 (prompt + what it generated so far, as a prefill) when blocks free up. Nothing is dropped; its
@@ -64,6 +68,7 @@ import torch
 from protos import trainer_config_pb2
 from trainer.inference.admission import check_fits
 from trainer.inference.detokenize import detokenize, stop_strings
+from trainer.inference.grammar import Constraint, Grammars, Matcher, Vocabulary, masked
 from trainer.inference.kv_cache import PagedKVCache, block_hashes
 from trainer.inference.paged_model import Run, forward_step
 from trainer.inference.sampling import TopLogprobs, argmax_rows, sample, token_logprobs
@@ -97,6 +102,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     logprobs: bool = False
     top_logprobs: int = 0  # with logprobs
+    constraint: Constraint | None = None  # structured output (grammar.py)
 
 
 @dataclass(eq=False)  # compared by identity: the queues look requests up often
@@ -122,6 +128,7 @@ class Request:
     named: int = 0  # blocks of `table` registered under their name
     root: bytes = b""  # its image's digest: the first block's name depends on the image
     draft: list[int] = field(default_factory=list)  # this step's speculative tokens
+    matcher: Matcher | None = None  # its place in params.constraint's grammar, once added
     # A VLM's image, (S, S, 3) uint8, read at the first positions of `prompt` (their ids are
     # IMAGE_PLACEHOLDER), and its projected tokens once encoded: kept
     # across a preemption, so a recompute prefills the same vectors without the encoder.
@@ -165,11 +172,13 @@ class Engine:
         max_len: int,
         embed_images: Callable[[torch.Tensor], torch.Tensor] | None = None,
         vocab: int | None = None,
+        grammar: Vocabulary | None = None,
     ):
         """`cfg` is a ServeConfig with defaults applied; `max_len` the model's positions;
         `embed_images` a VLM's encoder and projector, (B, S, S, 3) uint8 -> (B, image tokens,
         dim) (None: a text model); `vocab` the tokenizer's ids (None: every row of the model's
-        output), the only ones sampled."""
+        output), the only ones sampled; `grammar` the tokenizer's vocabulary for structured
+        output (grammar.py; None: a constrained request is refused)."""
         self.model = model  # its live parameters: the engine copies no weights
         self.embed_images = embed_images
         self.cfg, self.decode, self.eos_id, self.max_len = cfg, decode, eos_id, max_len
@@ -196,12 +205,17 @@ class Engine:
         self.drafted = 0  # speculative tokens proposed since the start, and of those accepted
         self.accepted = 0
         self._pending: list[Output] = []  # outputs of requests ended between steps (aborts)
+        self.grammars = Grammars(grammar) if grammar is not None else None
 
     def add(self, request: Request) -> None:
         """Queues a request; RequestTooLarge (check_fits) if it could never finish."""
         check_fits(len(request.prompt), request.params.max_tokens, self.max_len, self.cfg)
         if request.image is not None and self.embed_images is None:
             raise ValueError("an image for a text model")
+        if request.params.constraint is not None:
+            if self.grammars is None:
+                raise ValueError("structured output needs the engine's grammar vocabulary")
+            request.matcher = self.grammars.matcher(request.params.constraint)
         if request.image is not None:
             request.root = hashlib.sha256(request.image.cpu().numpy().tobytes()).digest()
         seed = request.params.seed
@@ -250,7 +264,9 @@ class Engine:
             if r.computed == r.length:  # else a prefill chunk: the prompt is not all read yet
                 ready.append((row, r))
             row += 1
-        tokens = self._sample(logits[:, : self.vocab], ready)
+        rows = logits[:, : self.vocab]
+        constrained = [(i, r.matcher) for i, r in ready if r.matcher is not None]
+        tokens = self._sample(masked(rows, constrained) if constrained else rows, ready)
         scored = [k for k, (_, r) in enumerate(ready) if r.params.logprobs]
         if scored:
             rows = logits[[ready[k][0] for k in scored]]
@@ -284,6 +300,8 @@ class Engine:
         if k <= 0 or p.temperature != 0:
             return []
         draft = ngram_draft(r.tokens, k)
+        if r.matcher is not None:  # a token the grammar forbids could never be kept
+            draft = r.matcher.valid_prefix(draft)
         if draft and self._fits(r, 1 + len(draft)):
             r.draft = draft
         return r.draft
@@ -292,7 +310,10 @@ class Engine:
         """Keeps r's draft up to its first token that is not the model's greedy choice, and
         that choice: the tokens plain greedy decoding would give, one output each."""
         draft, r.draft = r.draft, []
-        targets = rows.argmax(dim=-1).tolist()
+        if r.matcher is not None:  # masked at each position, the grammar rolled back after
+            targets = r.matcher.greedy_targets(rows, draft)
+        else:
+            targets = rows.argmax(dim=-1).tolist()
         m = 0
         while m < len(draft) and draft[m] == targets[m]:
             m += 1
@@ -440,6 +461,8 @@ class Engine:
         p = r.params
         r.output.append(token)
         r.length += 1
+        if r.matcher is not None:
+            r.matcher.accept(token)
         stopped = token == self.eos_id or token in p.stop_token_ids
         finish = FinishReason.STOP if stopped else None
         if not stopped and (len(r.output) >= p.max_tokens or r.length >= self.max_len):
@@ -459,7 +482,7 @@ class Engine:
 
     def _end(self, r: Request, finish: FinishReason) -> None:
         r.finish = finish
-        r.image_embeds = None
+        r.image_embeds = r.matcher = None
         self._release(r)
         self.finished += 1
 

@@ -1,28 +1,55 @@
 """#35's interaction test: every combination of the engine's serving features (prefix caching,
-chunked prefill, speculative decoding by prompt lookup, preemption forced by a small pool)
-gives the plain engine's answers (none of them, a pool that holds everything), greedy and
-seeded, with the same logprobs and top alternatives.
+chunked prefill, speculative decoding by prompt lookup, preemption forced by a small pool,
+structured output) gives the plain engine's answers (none of them, a pool that holds
+everything; structured output: the plain engine under the same constraint), greedy and seeded,
+with the same logprobs and top alternatives.
 
 The model is inference/testing.py's tiny one, weights spread wide so that its next token is
 decided by the model and depends on the context (checked below: a cache that handed a request
 another's blocks would change its answer). The requests share a system prompt and come in two
 waves, the second continuing the first's chats (a multi-turn conversation), so the prefix
 cache has prefixes to find: blocks of the same wave, of the last wave, and a preempted
-request's own."""
+request's own.
+
+Structured output constrains every request to a JSON schema over the toy vocabulary read as
+JSON's characters (testing.py), with room for the whole answer: each finished answer must parse
+and validate. The system prompt then starts with an example answer, so that prompt lookup
+drafts the schema's fixed keys and the constrained drafts are verified (and some kept)."""
 
 import itertools
+import json
 import random
 
+import jsonschema
 import pytest
 import torch
 
-from trainer.inference.engine import Engine, Request, SamplingParams
-from trainer.inference.testing import EOS, decode, serve_config, tiny_model
+from trainer.inference.engine import Engine, FinishReason, Request, SamplingParams
+from trainer.inference.grammar import Constraint, Format
+from trainer.inference.testing import (
+    EOS,
+    decode,
+    json_decode,
+    json_encode,
+    json_vocabulary,
+    serve_config,
+    tiny_model,
+)
 
 torch.set_num_threads(1)
 
 MAX_LEN = 96
 NEW = 12
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "s": {"type": "string", "maxLength": 4},
+    },
+    "required": ["n", "s"],
+    "additionalProperties": False,
+}
+JSON_NEW = 24  # the longest answer is 20 tokens with its end of text
 
 
 @pytest.fixture(scope="module")
@@ -30,72 +57,105 @@ def model():
     return tiny_model(MAX_LEN)
 
 
-def first_wave() -> list[list[int]]:
+def first_wave(structured: bool) -> list[list[int]]:
     rng = random.Random(3)
     system = [rng.randrange(EOS) for _ in range(21)]
+    if structured:
+        system = json_encode('{"n":7,"s":"ab"}') + system[:5]
     return [system + [rng.randrange(EOS) for _ in range(rng.randrange(1, 12))] for _ in range(8)]
 
 
-def params(i: int) -> SamplingParams:
+def params(i: int, structured: bool) -> SamplingParams:
+    n = JSON_NEW if structured else NEW
+    c = Constraint(Format.JSON_SCHEMA, json.dumps(SCHEMA)) if structured else None
     if i % 2:
-        return SamplingParams(max_tokens=NEW, temperature=0, logprobs=True, top_logprobs=2)
-    return SamplingParams(max_tokens=NEW, temperature=0.9, top_k=20, seed=100 + i, logprobs=True)
+        return SamplingParams(n, 0, logprobs=True, top_logprobs=2, constraint=c)
+    return SamplingParams(n, 0.9, top_k=20, seed=100 + i, logprobs=True, constraint=c)
 
 
 Answer = tuple[list[int], list[float], list]  # ids, logprobs, top logprobs
 
 
-def run(model, **serve) -> tuple[dict[str, Answer], Engine]:
+def run(model, structured: bool, **serve) -> tuple[dict[str, Answer], Engine]:
     """Two waves on one engine: the answers of every request by id."""
-    engine = Engine(model, serve_config(**serve), decode=decode, eos_id=EOS, max_len=MAX_LEN)
+    engine = Engine(
+        model,
+        serve_config(**serve),
+        decode=json_decode if structured else decode,
+        eos_id=EOS,
+        max_len=MAX_LEN,
+        grammar=json_vocabulary() if structured else None,
+    )
     rng = random.Random(4)
-    prompts, got = first_wave(), {}
+    prompts, got = first_wave(structured), {}
     for wave in range(2):
-        requests = [Request(f"w{wave}r{i}", p, params(i)) for i, p in enumerate(prompts)]
+        requests = [
+            Request(f"w{wave}r{i}", p, params(i, structured)) for i, p in enumerate(prompts)
+        ]
         for r in requests:
             engine.add(r)
         while engine.has_work():
             engine.step()
         got.update({r.id: (r.output, r.logprobs, r.top_logprobs) for r in requests})
+        if structured:  # every answer is whole (JSON_NEW has room), and valid
+            assert all(r.finish is FinishReason.STOP for r in requests)
+            for r in requests:
+                jsonschema.validate(json.loads(json_decode(r.output)), SCHEMA)
         prompts = [r.prompt + r.output + [rng.randrange(EOS)] for r in requests]
     return got, engine
 
 
 @pytest.fixture(scope="module")
-def plain(model):
-    got, engine = run(
-        model, prefix_caching=False, chunked_prefill=False, num_blocks=256, block_size=16
-    )
-    assert engine.preemptions == 0 and engine.cached_tokens == 0
-    return got
+def plain(model) -> dict[bool, dict[str, Answer]]:
+    """The plain engine's answers, unconstrained (False) and structured (True)."""
+    answers = {}
+    for structured in (False, True):
+        got, engine = run(
+            model,
+            structured,
+            prefix_caching=False,
+            chunked_prefill=False,
+            num_blocks=256,
+            block_size=16,
+        )
+        assert engine.preemptions == 0 and engine.cached_tokens == 0
+        answers[structured] = got
+    return answers
 
 
-def test_the_answers_depend_on_the_context(model, plain):
-    greedy = [plain[f"w0r{i}"][0] for i in range(1, 8, 2)]
+@pytest.mark.parametrize("structured", [False, True])
+def test_the_answers_depend_on_the_context(model, plain, structured):
+    greedy = [plain[structured][f"w0r{i}"][0] for i in range(1, 8, 2)]
     assert len({tuple(g) for g in greedy}) == len(greedy)  # same system prompt, other questions
 
 
-COMBINATIONS = list(itertools.product([False, True], repeat=4))
+COMBINATIONS = list(itertools.product([False, True], repeat=5))
 
 
 @pytest.mark.parametrize(
-    "prefix, chunked, speculative, small_pool",
+    "prefix, chunked, speculative, small_pool, structured",
     COMBINATIONS,
-    ids=[f"prefix={p}-chunked={c}-spec={d}-small_pool={s}" for p, c, d, s in COMBINATIONS],
+    ids=[
+        f"prefix={p}-chunked={c}-spec={d}-small_pool={s}-structured={j}"
+        for p, c, d, s, j in COMBINATIONS
+    ],
 )
 def test_every_combination_equals_the_plain_engine(
-    model, plain, prefix, chunked, speculative, small_pool
+    model, plain, prefix, chunked, speculative, small_pool, structured
 ):
+    # A small pool holds one request at its longest: 72 positions, 84 for a structured one.
+    small = 21 if structured else 18
     got, engine = run(
         model,
+        structured,
         prefix_caching=prefix,
         chunked_prefill=chunked,
         speculative_tokens=4 if speculative else 0,
         max_batch_tokens=16,
         block_size=4,
-        num_blocks=18 if small_pool else 256,  # 72 positions: one request at its longest
+        num_blocks=small if small_pool else 256,
     )
-    for rid, (ids, logprobs, top) in plain.items():
+    for rid, (ids, logprobs, top) in plain[structured].items():
         assert got[rid][0] == ids, rid
         torch.testing.assert_close(got[rid][1], logprobs, rtol=0, atol=1e-4)
         assert [[i for i, _ in t] for t in got[rid][2]] == [[i for i, _ in t] for t in top]

@@ -13,13 +13,13 @@ EOS = VOCAB - 1
 BOS = VOCAB - 2
 
 
-def tiny_model(max_seq_len: int = 96, seed: int = 0) -> Transformer:
+def tiny_model(max_seq_len: int = 96, seed: int = 0, vocab: int = VOCAB) -> Transformer:
     cfg = trainer_config_pb2.TrainerConfig()
     cfg.model.dim, cfg.model.n_layers, cfg.model.n_heads, cfg.model.n_kv_heads = 32, 2, 4, 2
     cfg.model.max_seq_len = max_seq_len
     cfg.model.use_kernels = False
     torch.manual_seed(seed)
-    model = Transformer(defaults.with_defaults(cfg).model, VOCAB)
+    model = Transformer(defaults.with_defaults(cfg).model, vocab)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
@@ -59,3 +59,26 @@ def greedy_full_forward(model: Transformer, prompt: list[int], n: int, stop: int
         if ids[-1] == stop:
             break
     return ids[len(prompt) :]
+
+
+# Structured-output tests: the toy vocabulary read as JSON's characters, one per id (BOS and EOS
+# special), so that a grammar over it (trainer/inference/grammar.py) can spell any compact JSON
+# answer with small numbers and lowercase strings.
+JSON_CHARS = '{}[]":,-.0123456789 abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOP'
+assert len(JSON_CHARS) == BOS
+
+
+def json_decode(ids: list[int]) -> str:
+    return "".join(JSON_CHARS[i] for i in ids if i not in (BOS, EOS))
+
+
+def json_encode(text: str) -> list[int]:
+    return [JSON_CHARS.index(c) for c in text]
+
+
+def json_vocabulary():
+    """The grammar's view of the toy JSON vocabulary."""
+    from trainer.inference.grammar import Vocabulary
+
+    tokens = tuple(c.encode() for c in JSON_CHARS) + (b"", b"")
+    return Vocabulary(VOCAB, EOS, tokens=tokens, special_ids=(BOS, EOS), encode=json_encode)

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API (FastAPI): /v1/completions, /v1/chat/completions (both with
 `stream: true` as server-sent events), /v1/models, /health, /metrics. `logprobs` (and chat's
 `top_logprobs`): logprobs.py; usage carries `prompt_tokens_details.cached_tokens`, the prompt
-tokens the prefix cache held.
+tokens the prefix cache held; `response_format` (json_schema, json_object, Kitchen's regex)
+constrains the answer (requests.py, trainer/inference/grammar.py).
 
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with `param`
 naming the field: 400 for bad input (malformed JSON included: FastAPI's 422 is turned into
@@ -32,6 +33,7 @@ from protos import trainer_config_pb2
 from trainer.inference.admission import RequestTooLarge, check_fits
 from trainer.inference.engine import IMAGE_PLACEHOLDER, FinishReason, Output, SamplingParams
 from trainer.inference.engine import Request as EngineRequest
+from trainer.inference.grammar import Vocabulary
 from trainer.serve.guard import Guard
 from trainer.serve.images import (
     ImageInputError,
@@ -85,6 +87,7 @@ class ServedModel:
     max_len: int
     created: int
     images: PromptImages | None = None  # a VLM's; None: a text model
+    grammar: Vocabulary | None = None  # the tokenizer's, for structured output (None: off)
 
 
 def _error(e: ApiError) -> JSONResponse:
@@ -217,6 +220,12 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
             raise ApiError(404, problem, "model", "model_not_found")
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
         _check_limits(text, field, stop, limits)
+        constraint, asked = None, body.response_format
+        if asked is not None and asked.type != "text":
+            if model.grammar is None:
+                problem = "response_format: structured output is off (no grammar vocabulary)"
+                raise ApiError(400, problem, "response_format")
+            constraint = await asyncio.to_thread(asked.constraint)  # a big schema takes ms
         pixels = None
         if images:  # decoding is Pillow's work: off the event loop. Only with an image: the
             # hop to a worker thread and back cost every text request milliseconds under load
@@ -253,6 +262,7 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
         params = SamplingParams(
             max_tokens, body.temperature, body.top_p, body.top_k, body.seed, stop,
             logprobs=top_logprobs is not None, top_logprobs=top_logprobs or 0,
+            constraint=constraint,
         )  # fmt: skip
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         loop = asyncio.get_running_loop()

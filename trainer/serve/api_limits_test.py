@@ -84,7 +84,7 @@ def test_an_unknown_field_is_refused_by_name(client):
         (False, "frequency_penalty", -1.0),
         (False, "logit_bias", {"3": 5}),
         (False, "best_of", 3),
-        (True, "response_format", {"type": "json_object"}),
+        (True, "modalities", ["text", "audio"]),
         (True, "tools", [{"type": "function", "function": {"name": "f"}}]),
     ],
 )

@@ -34,6 +34,7 @@ import torch.multiprocessing  # noqa: F401  # registers its tensor reducers with
 
 from protos import trainer_config_pb2
 from trainer.inference.engine import Engine, FinishReason, Output
+from trainer.inference.grammar import Vocabulary
 from trainer.model import Transformer
 
 
@@ -49,6 +50,7 @@ class EngineSpec:
     embed_images: Callable[[torch.Tensor], torch.Tensor] | None
     threads: int  # torch's intra-op threads, the parent's
     vocab: int | None = None  # the tokenizer's ids, the only ones sampled (engine.py)
+    grammar: Vocabulary | None = None  # structured output's token masks (grammar.py)
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class EngineStats:
     cached_tokens: int = 0  # of those, read from the prefix cache
     draft_tokens: int = 0  # speculative tokens proposed since the start
     accepted_tokens: int = 0  # of those, kept
+    grammar_seconds: float = 0.0  # spent on structured output's grammars since the start
+    grammar_tokens: int = 0  # positions they masked
 
 
 @dataclass(frozen=True)
@@ -123,12 +127,13 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
         max_len=spec.max_len,
         embed_images=spec.embed_images,
         vocab=spec.vocab,
+        grammar=spec.grammar,
     )
     received, draining = 0, False
     refused: list[Output] = []
 
     def stats() -> EngineStats:
-        allocator = engine.cache.allocator
+        allocator, grammars = engine.cache.allocator, engine.grammars
         return EngineStats(
             len(engine.running),
             len(engine.waiting),
@@ -142,6 +147,8 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
             engine.cached_tokens,
             engine.drafted,
             engine.accepted,
+            grammars.seconds if grammars else 0.0,
+            grammars.tokens if grammars else 0,
         )
 
     try:

@@ -133,6 +133,20 @@ class ServeMetrics:
             labels,
             registry=self.registry,
         ).labels(*values)
+        # Structured output's grammar time per token is grammar seconds / grammar tokens: the
+        # time masks, draft checks and the matchers' construction took, per masked position.
+        self.grammar_seconds = Counter(
+            "kitchen_serve_grammar_seconds",
+            "Time structured output's grammars took (token masks, draft checks, compiling).",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
+        self.grammar_tokens = Counter(
+            "kitchen_serve_grammar_tokens",
+            "Positions structured output's grammars masked.",
+            labels,
+            registry=self.registry,
+        ).labels(*values)
         self._values = values
 
     def ended(self, reason: str) -> None:

@@ -7,9 +7,12 @@ value that asks for nothing (clients that send every field send those). Numbers 
 JSON's NaN is a number to Python, and NaN compares false with every bound.
 """
 
+import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from trainer.inference.grammar import Constraint, Format, problem
 
 # Fields of OpenAI's completion and chat requests this server does not implement, each with
 # the values that ask for nothing (null always does). To implement one, delete its row and give
@@ -21,7 +24,6 @@ NOT_SUPPORTED: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (0,),
     "frequency_penalty": (0,),
     "logit_bias": ({},),
-    "response_format": ({"type": "text"},),
     "tools": ([],),
     "tool_choice": ("none",),
     "parallel_tool_calls": (),
@@ -85,6 +87,49 @@ class StreamOptions(_Strict):
     include_usage: bool = False  # a last chunk with token counts and no choices
 
 
+class JsonSchema(_Strict):
+    """OpenAI's `response_format.json_schema`. Answers always follow the schema: `strict` is
+    accepted either way (a grammar has no looser mode)."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for the name
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")  # `schema` is a BaseModel method
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    """OpenAI's `response_format` (text, json_object, json_schema), and Kitchen's `regex`: a
+    type of the same field, so an answer has one format, never two asked at once."""
+
+    type: Literal["text", "json_object", "json_schema", "regex"]
+    json_schema: JsonSchema | None = None  # with type json_schema
+    regex: str | None = None  # with type regex: the whole answer matches it
+
+    @model_validator(mode="after")
+    def _one_format(self) -> "ResponseFormat":
+        for name in ("json_schema", "regex"):
+            if (getattr(self, name) is not None) != (self.type == name):
+                raise ValueError(f"{name}: given exactly when type is {name!r}")
+        return self
+
+    def constraint(self) -> Constraint | None:
+        """The engine's constraint (None: free text); a 400 naming the field when no answer
+        could satisfy it (an unsatisfiable or unsupported schema, an invalid pattern)."""
+        if self.type == "text":
+            return None
+        if self.json_schema is not None:
+            c = Constraint(Format.JSON_SCHEMA, json.dumps(self.json_schema.schema_))
+            field = "response_format.json_schema.schema"
+        elif self.regex is not None:
+            c, field = Constraint(Format.REGEX, self.regex), "response_format.regex"
+        else:
+            c, field = Constraint(Format.JSON_OBJECT), "response_format"
+        why = problem(c)
+        if why:
+            raise ApiError(400, f"{field}: {why}", field)
+        return c
+
+
 class Sampling(_Strict):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -97,6 +142,7 @@ class Sampling(_Strict):
     stream_options: StreamOptions | None = None
     n: Literal[1] = 1  # one choice per request
     user: str | None = None  # the caller's end user, for their own records: accepted, unused
+    response_format: ResponseFormat | None = None  # structured output (grammar.py)
     not_supported = NOT_SUPPORTED
 
 

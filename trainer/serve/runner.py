@@ -102,6 +102,7 @@ class EngineRunner:
         self._preemptions_seen = 0
         self._cached_seen = 0
         self._drafts_seen = (0, 0)  # draft tokens, accepted tokens
+        self._grammar_seen = (0.0, 0)  # grammar seconds, grammar tokens
         self.generated = 0  # tokens generated so far (the heartbeat's throughput)
         self._ttft: list[float] = []  # since the last `window_latency`
         self._itl: list[float] = []
@@ -244,6 +245,9 @@ class EngineRunner:
         m.draft_tokens.inc(s.draft_tokens - self._drafts_seen[0])
         m.accepted_tokens.inc(s.accepted_tokens - self._drafts_seen[1])
         self._drafts_seen = (s.draft_tokens, s.accepted_tokens)
+        m.grammar_seconds.inc(s.grammar_seconds - self._grammar_seen[0])
+        m.grammar_tokens.inc(s.grammar_tokens - self._grammar_seen[1])
+        self._grammar_seen = (s.grammar_seconds, s.grammar_tokens)
         load = self.load()
         m.running.set(load.running_requests)
         m.waiting.set(load.waiting_requests)

@@ -25,6 +25,7 @@ from protos.exit_codes import ExitCode
 from protos.exposure import read_secret_env, read_secret_file
 from protos.validation_kinds import check_serve_pool
 from trainer.data.tokenizer import Tokenizer
+from trainer.inference.grammar import Vocabulary
 from trainer.jobs.context import install_sigterm_handler
 from trainer.model import Transformer
 from trainer.serve.api import ServedModel, create_app
@@ -59,6 +60,7 @@ class Server:
             embed_images=served.images.embed if served.images else None,
             threads=torch.get_num_threads(),
             vocab=vocab,
+            grammar=served.grammar,
         )
         self.runner = EngineRunner(spec, ServeMetrics(served.name))
         # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only
@@ -123,6 +125,7 @@ class Server:
         beat.prompt_tokens, beat.prefix_cached_tokens = stats.prompt_tokens, stats.cached_tokens
         beat.spec_draft_tokens = stats.draft_tokens
         beat.spec_accepted_tokens = stats.accepted_tokens
+        beat.grammar_seconds, beat.grammar_tokens = stats.grammar_seconds, stats.grammar_tokens
         beat.ttft_p50_seconds, beat.ttft_p99_seconds = (
             latency.ttft_p50_seconds,
             latency.ttft_p99_seconds,
@@ -132,6 +135,19 @@ class Server:
             latency.itl_p99_seconds,
         )
         return beat
+
+
+def grammar_vocabulary(tokenizer: Tokenizer) -> Vocabulary:
+    """What the engine builds structured output's token masks from: a `bpe` tokenizer's
+    tokenizer.json (llguidance reads its byte-level alphabet itself), cl100k's bytes per id."""
+    if tokenizer.kind == "bpe":
+        return Vocabulary(tokenizer.vocab_size, tokenizer.eos_id, hf_json=tokenizer.hf_json())
+    tokens = tuple(tokenizer.token_bytes())
+    specials = tuple(i for i, t in enumerate(tokens) if not t)
+    return Vocabulary(
+        tokenizer.vocab_size, tokenizer.eos_id, tokens=tokens, special_ids=specials,
+        encode=tokenizer.encode,
+    )  # fmt: skip
 
 
 def api_key(cfg: trainer_config_pb2.ServeConfig) -> str:
@@ -166,6 +182,7 @@ def serve(
         max_len=max_len,
         created=int(time.time()),
         images=images,
+        grammar=grammar_vocabulary(tokenizer),
     )
     sigterm = install_sigterm_handler()
     interrupted: list[int] = []  # Ctrl-C on a job run by hand: drain, then exit 0
