@@ -57,6 +57,7 @@ class Client:
 
     def _call(self, method: str, request, timeout: float):
         """One unary call; on UNAVAILABLE the next address is tried, each once."""
+        last: grpc.RpcError | None = None
         for _ in range(len(self.addresses)):
             try:
                 return getattr(self.stub, method)(request, timeout=timeout, metadata=self.metadata)
@@ -65,6 +66,7 @@ class Client:
                     raise
                 last = e
                 self._current = (self._current + 1) % len(self.addresses)
+        assert last is not None
         raise last
 
     def close(self):

@@ -63,7 +63,7 @@ def test_a_replaced_leader_cannot_write_and_cannot_renew(two_replicas):
     assert new_lease.acquire() == epoch + 1
     new.epoch = epoch + 1
     assert new_lease.current().address == "127.0.0.1:2"
-    refused = []
+    refused: list[Fenced] = []
     old.on_fenced = refused.append
     with pytest.raises(Fenced, match="leads as epoch 1, the database's leader is epoch 2"):
         old.update(with_state(job, job_pb2.FAILED))
@@ -97,9 +97,12 @@ def test_a_takeover_waits_for_the_write_in_flight(two_replicas):
         db.execute("CREATE TRIGGER slow BEFORE UPDATE ON jobs FOR EACH ROW EXECUTE FUNCTION slow()")
     expire(dsn)
     order: list[str] = []
-    writer = threading.Thread(
-        target=lambda: (old.update(with_state(job, job_pb2.RUNNING)), order.append("write"))
-    )
+
+    def write():
+        old.update(with_state(job, job_pb2.RUNNING))
+        order.append("write")
+
+    writer = threading.Thread(target=write)
     writer.start()
     time.sleep(0.5)  # the write is in its trigger now
     assert Lease(new, "b", 30).acquire() == 2
@@ -111,11 +114,12 @@ def test_a_takeover_waits_for_the_write_in_flight(two_replicas):
 def test_leadership_elects_one_and_hands_over_on_stop(two_replicas):
     _, (a, b) = two_replicas
     elected = {"a": threading.Event(), "b": threading.Event()}
-    lost: list = []
-    ships = {
-        name: Leadership(Lease(store, name, 1.0), lambda _e, n=name: elected[n].set(), lost.append)
-        for name, store in (("a", a), ("b", b))
-    }
+    lost: list[str] = []
+
+    def leadership(name: str, store: PostgresStore) -> Leadership:
+        return Leadership(Lease(store, name, 1.0), lambda _epoch: elected[name].set(), lost.append)
+
+    ships = {"a": leadership("a", a), "b": leadership("b", b)}
     ships["a"].start()
     assert elected["a"].wait(10)
     ships["b"].start()

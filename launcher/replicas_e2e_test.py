@@ -9,6 +9,7 @@
 Takeover times are printed, never asserted (they follow the machine's load); the soak
 (launcher/bench/chaos_soak.py) measures them."""
 
+import io
 import os
 import signal
 import time
@@ -17,6 +18,7 @@ import grpc
 import psycopg
 import pytest
 
+from launcher import cli
 from launcher.client import Client
 from launcher.server import LOST_LEASE_EXIT
 from launcher.testdata import harness as h
@@ -48,7 +50,9 @@ def replicas(tmp_path, dsn: str, names=("a", "b")) -> list[h.LauncherProcess]:
 def leader(dsn: str) -> tuple[int, str]:
     """(epoch, address) of the lease as the database has it."""
     with psycopg.connect(dsn) as db:
-        return db.execute("SELECT epoch, address FROM leader").fetchone()
+        row = db.execute("SELECT epoch, address FROM leader").fetchone()
+    assert row is not None
+    return row[0], row[1]
 
 
 def start_replicas(dsn: str, a: h.LauncherProcess, b: h.LauncherProcess) -> int:
@@ -90,6 +94,9 @@ def test_the_leader_killed_the_other_replica_adopts_its_jobs(postgres_server, tm
             f"takeover after kill -9: {time.monotonic() - killed:.2f} s (lease {LEASE_SECONDS} s)"
         )
         assert client.get(long.id).state == job_pb2.RUNNING  # a's address first: failed over
+        out = io.StringIO()
+        assert cli.main(["--launcher", f"{a.address},{b.address}", "status", long.id], out) == 0
+        assert "RUNNING" in out.getvalue()
 
         ran_once(h.wait_for(client, long.id, h.FINAL, timeout=60), STEPS)
         done = [h.wait_for(client, j.id, h.FINAL, timeout=60) for j in (first, second)]

@@ -120,10 +120,12 @@ class Launcher:
         self.leadership = None
         if self.replicas:
             from launcher.leader import Leadership, Lease  # psycopg: only with PostgreSQL
+            from launcher.pg_store import PostgresStore
 
+            assert isinstance(self.store, PostgresStore)  # replicas is a PostgreSQL setting
             lease = Lease(self.store, self.cfg.advertise, self.cfg.store.postgres.lease_seconds)
             self.leadership = Leadership(lease, self._lead, lost_lease)
-            self.store.on_fenced = lambda e: lost_lease(str(e))  # type: ignore[attr-defined]
+            self.store.on_fenced = lambda e: lost_lease(str(e))
         service = LauncherService(
             self.cfg, self.store, self.controller, self.events, self.auth, self.leadership
         )

@@ -130,9 +130,8 @@ def running_postgres(durable: bool = False) -> Iterator[PostgresServer]:
              "-c", "max_connections=200", *fast],
             run_as, log,
         )  # fmt: skip
-        control.start()
         server = PostgresServer(port, password, root, control)
-        _wait_ready(server, control.popen, log_path)
+        _wait_ready(server, control.start(), log_path)
         yield server
     finally:
         if control is not None and control.popen is not None:
