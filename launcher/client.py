@@ -65,9 +65,14 @@ class Client:
                 if e.code() != grpc.StatusCode.UNAVAILABLE or len(self.addresses) == 1:
                     raise
                 last = e
-                self._current = (self._current + 1) % len(self.addresses)
+                self.next_replica()
         assert last is not None
         raise last
+
+    def next_replica(self):
+        """Sends the next calls and streams to the next address (a stream that failed
+        UNAVAILABLE: live_view.follow reconnects through here)."""
+        self._current = (self._current + 1) % len(self.addresses)
 
     def close(self):
         for channel in self._channels.values():

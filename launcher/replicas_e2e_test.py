@@ -97,6 +97,8 @@ def test_the_leader_killed_the_other_replica_adopts_its_jobs(postgres_server, tm
         out = io.StringIO()
         assert cli.main(["--launcher", f"{a.address},{b.address}", "status", long.id], out) == 0
         assert "RUNNING" in out.getvalue()
+        watch = ["--launcher", f"{a.address},{b.address}", "watch", long.id]
+        assert cli.main(watch, io.StringIO()) == 0  # the stream to a fails: followed on b
 
         ran_once(h.wait_for(client, long.id, h.FINAL, timeout=60), STEPS)
         done = [h.wait_for(client, j.id, h.FINAL, timeout=60) for j in (first, second)]
