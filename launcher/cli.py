@@ -9,7 +9,8 @@
     kitchen track import RUN_DIR   a finished run (its metrics.jsonl) into MLflow
     kitchen diff RUN_A RUN_B  what decides the two runs, side by side; where their losses part
 
-The launcher address defaults to $KITCHEN_LAUNCHER or 127.0.0.1:50051; the token to
+The launcher address defaults to $KITCHEN_LAUNCHER or 127.0.0.1:50051 (several replicas:
+comma-separated, tried in turn when one is unavailable); the token to
 $KITCHEN_TOKEN; the TLS root certificate to $KITCHEN_TLS_CA.
 """
 
@@ -146,7 +147,11 @@ def cmd_cancel(client, args, out):
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kitchen", description=__doc__.split("\n")[0])
-    p.add_argument("--launcher", help="address (default $KITCHEN_LAUNCHER or 127.0.0.1:50051)")
+    p.add_argument(
+        "--launcher",
+        help="address, or replicas' addresses comma-separated (default $KITCHEN_LAUNCHER or "
+        "127.0.0.1:50051)",
+    )
     p.add_argument("--token", help="bearer token (default $KITCHEN_TOKEN)")
     p.add_argument("--tls-ca", help="PEM root certificate (default $KITCHEN_TLS_CA)")
     sub = p.add_subparsers(dest="command", required=True)

@@ -172,7 +172,8 @@ class LiveView:
 
 
 def follow(client, job_id: str, view: LiveView) -> job_pb2.Job:
-    """Watches the job until it ends; rides out a launcher restart by reconnecting."""
+    """Watches the job until it ends; rides out a launcher restart (or a replica's failure)
+    by reconnecting."""
     job, warned = None, False
     while job is None or job.state not in FINAL:
         try:
@@ -181,6 +182,7 @@ def follow(client, job_id: str, view: LiveView) -> job_pb2.Job:
         except grpc.RpcError as e:
             if e.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
                 raise
+            client.next_replica()  # with several replicas' addresses: the next one
             if not warned:
                 view.out.write(f"launcher unreachable ({e.code().name}); reconnecting...\n")
                 warned = True

@@ -13,7 +13,9 @@ What SQLite gets from its single writer is explicit here:
 - opening runs under an advisory lock (two launchers never both create or migrate the schema)
   and raises the sequence above the newest run directory with `jobs` locked against inserts;
 - one launcher per database, as one per state dir: an open store holds a session advisory
-  lock, and a second launcher is refused naming the session that holds it.
+  lock, and a second launcher is refused naming the session that holds it; unless it is
+  opened with replicas=True: then launchers share it, one leader writing job changes under
+  the lease of table `leader` (launcher/leader.py), each write fenced by its epoch.
 The schema version is the row `schema_version` of table `meta`; MIGRATIONS[v] takes a database
 from version v to v + 1. A launcher refuses a database newer than it knows, one that holds
 other tables but no job store, and (like SQLite's) a lost or foreign one (store_base.py).
@@ -26,6 +28,7 @@ import json
 import logging
 import queue
 import threading
+from collections.abc import Callable
 
 import psycopg
 from psycopg import conninfo
@@ -34,7 +37,7 @@ from launcher.store_base import JobDirs, SqlStore, StoreError
 
 log = logging.getLogger("kitchen.launcher")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 0 -> 1: the first schema (SQLite's version 3, with a sequence for the ids)
         "CREATE SEQUENCE job_ids",
@@ -55,6 +58,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX jobs_team ON jobs (team, seq)",
         "CREATE INDEX jobs_attempt_token ON jobs (attempt_token)",
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ),
+    (  # 1 -> 2: the leader lease of replicated launchers (launcher/leader.py)
+        """CREATE TABLE leader (
+          id INTEGER PRIMARY KEY CHECK (id = 1),  -- one row
+          epoch BIGINT NOT NULL,  -- the fencing token: +1 at each new leader
+          holder TEXT NOT NULL,  -- host and pid, for people
+          address TEXT NOT NULL,  -- its gRPC address
+          expires_at TIMESTAMPTZ NOT NULL  -- the database's clock, never a replica's
+        )""",
+        "INSERT INTO leader VALUES (1, 0, '', '', '-infinity')",
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -92,12 +105,22 @@ class _Db:
         return self.conn.execute(sql.replace("?", "%s"), args or None, binary=True)
 
 
+class Fenced(StoreError):
+    """A write of a leader whose lease another replica has taken since: refused."""
+
+
 class PostgresStore(SqlStore):
-    def __init__(self, dsn: str, state_dir: str, durable: bool = True):
+    def __init__(self, dsn: str, state_dir: str, durable: bool = True, replicas: bool = False):
         """Opens (or creates the schema in) the database `dsn` names; run directories go to
         `<state_dir>/runs/`. durable=False turns synchronous commit off (bulk fills in
-        benchmarks); the launcher never uses it."""
+        benchmarks); the launcher never uses it. replicas=True: other launchers share the
+        database (no LAUNCHER_LOCK); job updates are then fenced by `epoch`."""
         self.name = display_name(dsn)
+        # With replicas: the leader epoch this launcher writes under (launcher/leader.py);
+        # None: not the leader, and update() refuses. on_fenced(error) runs at a refused write.
+        self.replicas = replicas
+        self.epoch: int | None = None
+        self.on_fenced: Callable[[Fenced], None] | None = None
         super().__init__(state_dir)
         self._dsn = dsn
         self._durable = durable
@@ -107,7 +130,8 @@ class PostgresStore(SqlStore):
         self._holder: psycopg.Connection | None = None
         dirs = JobDirs.scan(self.runs_dir)
         try:
-            self._holder = self._hold_database()
+            if not replicas:
+                self._holder = self._hold_database()
             self._open(dirs)
         except psycopg.Error as e:
             self.close()
@@ -142,8 +166,8 @@ class PostgresStore(SqlStore):
 
     def _hold_database(self) -> psycopg.Connection:
         """A session of its own holding LAUNCHER_LOCK until close(): two launchers (two state
-        dirs) on one database would both run its jobs. Replicas that share one are not built
-        yet; when the server drops this session (a restart), the lock goes with it."""
+        dirs) on one database would both run its jobs (replicas share one under a lease instead:
+        launcher/leader.py); when the server drops this session (a restart), the lock goes."""
         conn = self._connect()
         try:
             conn.execute(f"SET lock_timeout = '{int(LOCK_WAIT_SECONDS * 1000)}ms'")
@@ -243,6 +267,24 @@ class PostgresStore(SqlStore):
     def _lock_request_id(self, db, team: str, owner: str, request_id: str) -> None:
         key = json.dumps([team, owner, request_id])
         db.execute("SELECT pg_advisory_xact_lock(hashtextextended(?, 0))", (key,))
+
+    def update(self, job, attempt_token=None):
+        """With replicas, in one transaction with the leader row read FOR SHARE: a replica
+        taking the lease (UPDATE leader) waits for this write, and every write after it sees
+        the new epoch and is refused. A paused former leader cannot act once replaced."""
+        if not self.replicas:
+            return super().update(job, attempt_token)
+        with self._transaction() as db:
+            (epoch,) = db.execute("SELECT epoch FROM leader WHERE id = 1 FOR SHARE").fetchone()
+            if self.epoch is None or epoch != self.epoch:
+                error = Fenced(
+                    f"{self.name}: {job.id} not written: this launcher leads as epoch "
+                    f"{self.epoch}, the database's leader is epoch {epoch}"
+                )
+                if self.on_fenced is not None:
+                    self.on_fenced(error)
+                raise error
+            self._update(db, job, attempt_token)
 
     def close(self):
         self._closed = True

@@ -43,6 +43,7 @@ from protos.config_yaml import ConfigError, load_message
 from protos.paths import user_path
 
 log = logging.getLogger("kitchen.launcher")
+LOST_LEASE_EXIT = 3  # the exit status of a leader whose lease another replica took
 
 
 class StateDirBusy(RuntimeError):
@@ -65,7 +66,8 @@ def open_store(cfg: launcher_pb2.LauncherConfig) -> Store:
     if cfg.store.HasField("postgres"):
         from launcher.pg_store import PostgresStore  # psycopg loads only when it is used
 
-        return PostgresStore(settings.store_dsn(cfg), cfg.state_dir)
+        pg = cfg.store.postgres
+        return PostgresStore(settings.store_dsn(cfg), cfg.state_dir, replicas=pg.replicas)
     return JobStore(os.path.join(cfg.state_dir, "jobs.sqlite"))
 
 
@@ -80,17 +82,9 @@ class Launcher:
     def __init__(self, cfg: launcher_pb2.LauncherConfig, env=None):
         self.cfg = settings.resolve(cfg)
         os.makedirs(self.cfg.state_dir, exist_ok=True)
-        self._lock_file = open(os.path.join(self.cfg.state_dir, "launcher.lock"), "a+")  # noqa: SIM115
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.seek(0)
-            owner = self._lock_file.read().strip() or "another process"
-            self._lock_file.close()
-            raise StateDirBusy(
-                f"state dir {self.cfg.state_dir} is in use by a launcher ({owner}); pass its "
-                "address with --launcher, or use another state dir (KITCHEN_STATE_DIR)"
-            ) from None
+        self.replicas = self.cfg.store.postgres.replicas
+        # Replicas share the state dir (runs/ on a shared filesystem); the lease orders them.
+        self._lock_file = None if self.replicas else self._lock_state_dir()
         self.store = open_store(self.cfg)
         self.auth = TokenAuth(self.cfg.tokens_file) if self.cfg.tokens_file else None
         self.events = JobEvents()
@@ -120,13 +114,39 @@ class Launcher:
         self.controller = Controller(
             self.cfg, self.store, executors, self.metrics, self.events,
             auth=self.auth is not None, env=trainer_env, tracker=self.tracker,
+            replicas=self.replicas,
         )  # fmt: skip
         self.metrics.fleet = self.controller.fleet
-        service = LauncherService(self.cfg, self.store, self.controller, self.events, self.auth)
+        self.leadership = None
+        if self.replicas:
+            from launcher.leader import Leadership, Lease  # psycopg: only with PostgreSQL
+            from launcher.pg_store import PostgresStore
+
+            assert isinstance(self.store, PostgresStore)  # replicas is a PostgreSQL setting
+            lease = Lease(self.store, self.cfg.advertise, self.cfg.store.postgres.lease_seconds)
+            self.leadership = Leadership(lease, self._lead, lost_lease)
+            self.store.on_fenced = lambda e: lost_lease(str(e))
+        service = LauncherService(
+            self.cfg, self.store, self.controller, self.events, self.auth, self.leadership
+        )
         launcher_pb2_grpc.add_LauncherServicer_to_server(service, self.server)
         self.server.add_generic_rpc_handlers((self.health.handler(),))
         self.metrics_port: int | None = None
         self._http: WSGIServer | None = None
+
+    def _lock_state_dir(self):
+        lock_file = open(os.path.join(self.cfg.state_dir, "launcher.lock"), "a+")  # noqa: SIM115
+        try:
+            fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock_file.seek(0)
+            owner = lock_file.read().strip() or "another process"
+            lock_file.close()
+            raise StateDirBusy(
+                f"state dir {self.cfg.state_dir} is in use by a launcher ({owner}); pass its "
+                "address with --launcher, or use another state dir (KITCHEN_STATE_DIR)"
+            ) from None
+        return lock_file
 
     def _interceptors(self) -> list:
         """Strangers turned away first, then every stream counted (launcher/stream_limits.py)."""
@@ -147,19 +167,30 @@ class Launcher:
             raise OSError(f"cannot listen on {self.cfg.listen}")
         return port
 
-    def start(self):
+    def _lead(self, epoch: int = 0):
+        """Runs the control loop: at start, or with replicas once this one leads."""
         if self.tracker is not None:
             self.tracker.start()  # sends what a previous launcher left in the spool
-        self.controller.start()  # recover first: re-attach before serving
+        self.controller.start()  # recover first: re-attach before serving (or leading)
+        if epoch:
+            log.info("leader (epoch %d): %d running and %d queued jobs adopted", epoch,
+                     len(self.controller.jobs.live), len(self.controller.jobs.queued))  # fmt: skip
+
+    def start(self):
+        if self.leadership is None:
+            self._lead()
         self.server.start()
+        if self.leadership is not None:
+            self.leadership.start()  # a follower until it takes the lease
         if self.cfg.metrics_listen != "none":
             token = settings.metrics_token(self.cfg)
             self._http = metrics_http.serve(self.metrics.registry, self.cfg.metrics_listen, token)
             self.metrics_port = self._http.server_port
-        self._lock_file.seek(0)
-        self._lock_file.truncate()
-        self._lock_file.write(f"pid {os.getpid()}, address {self.address}\n")
-        self._lock_file.flush()
+        if self._lock_file is not None:
+            self._lock_file.seek(0)
+            self._lock_file.truncate()
+            self._lock_file.write(f"pid {os.getpid()}, address {self.address}\n")
+            self._lock_file.flush()
         log.info(
             "launcher serving on %s%s; state in %s; tracking %s; metrics %s",
             self.address, " (TLS)" if self.cfg.tls_cert else "", self.cfg.state_dir,
@@ -175,13 +206,24 @@ class Launcher:
         self.server.stop(grace).wait()
         self.streams.close()
         self.controller.stop()
+        if self.leadership is not None:
+            self.leadership.stop(release=True)  # the next replica takes over at once
         if self.tracker is not None:
             self.tracker.stop()
         if self._http is not None:
             self._http.shutdown()
             self._http.server_close()
         self.store.close()
-        self._lock_file.close()
+        if self._lock_file is not None:
+            self._lock_file.close()
+
+
+def lost_lease(reason: str):
+    """A leader that finds its lease taken stops at once, without a clean shutdown (that would
+    write): its running jobs keep running under the new leader; a supervisor restarts it."""
+    log.critical("lost the leader lease (%s): exiting; restart to rejoin as a follower", reason)
+    logging.shutdown()
+    os._exit(LOST_LEASE_EXIT)
 
 
 def config_from_args(args) -> launcher_pb2.LauncherConfig:

@@ -23,8 +23,9 @@ WATCH_RECHECK_SECONDS = 1.0
 
 
 class LauncherService(launcher_pb2_grpc.LauncherServicer):
-    def __init__(self, cfg, store, controller, events, auth: TokenAuth | None):
+    def __init__(self, cfg, store, controller, events, auth: TokenAuth | None, leadership=None):
         self.cfg = cfg
+        self.leadership = leadership  # launcher/leader.py with replicas, else None
         self.store = store
         self.controller = controller
         self.events = events
@@ -50,6 +51,17 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
                 f"job {job_id} belongs to team {job.spec.team!r}; you are in {caller.team!r}",
             )
         return self.controller.overlay(job)
+
+    def _leader_only(self, what: str, context):
+        """A replica that is not the leader answers UNAVAILABLE: clients then try the next
+        address; a trainer's progress stream retries (launcher/leader.py)."""
+        if self.controller.leading:
+            return
+        holder = self.leadership.leader() if self.leadership is not None else None
+        where = f"the leader is {holder.address}" if holder and holder.address else "no leader yet"
+        context.abort(
+            grpc.StatusCode.UNAVAILABLE, f"{what}: this replica is not the leader ({where})"
+        )
 
     def SubmitJob(self, request, context):
         caller = self._caller(context)
@@ -126,6 +138,7 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
 
     def CancelJob(self, request, context):
         self._job(request.id, context)
+        self._leader_only("CancelJob", context)
         return self.controller.overlay(self.controller.cancel(request.id))
 
     def WatchJob(self, request, context):
@@ -170,6 +183,7 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
             if job_id is None:
                 job_id, attempt = progress.job_id, progress.attempt
                 self._check_trainer(job_id, context)
+                self._leader_only("ReportProgress", context)  # a follower knows no attempt
             if (progress.job_id, progress.attempt) != (job_id, attempt):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, "one stream reports one attempt")
             if not self.controller.report_progress(job_id, attempt, progress):

@@ -20,6 +20,7 @@ DEFAULT_HANG_TIMEOUT_SECONDS = 1800.0
 DEFAULT_KILL_GRACE_SECONDS = 60.0
 DEFAULT_RETENTION_SECONDS = 900.0
 DEFAULT_POLL_INTERVAL_SECONDS = 0.5
+DEFAULT_LEASE_SECONDS = 5.0  # replicas: a dead leader is replaced within ~1.2x this
 MAX_WORKERS = 512  # gRPC handler threads: every progress stream, watch and followed log holds one
 DEFAULT_STREAMS_PER_CALLER = 32
 UNARY_RESERVE = 64  # threads no stream may take: GetJob, SubmitJob, ... always find one
@@ -153,6 +154,9 @@ def _resolve_store(cfg: launcher_pb2.LauncherConfig) -> None:
             "written in the config: it may hold a password)",
         )  # fmt: skip
     pg.dsn_file = user_path(pg.dsn_file)
+    pg.lease_seconds = pg.lease_seconds or DEFAULT_LEASE_SECONDS
+    if not 0.5 <= pg.lease_seconds <= 3600:
+        raise ConfigError("store.postgres.lease_seconds", "between 0.5 and 3600 seconds")
     store_dsn(cfg)  # readable and set, now rather than when the store opens
 
 

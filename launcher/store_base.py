@@ -101,6 +101,7 @@ class Store(Protocol):
         self, states=(), team="", owner="", pool="", page_size=100, page_token=""
     ) -> tuple[list[job_pb2.Job], str]: ...
     def unfinished(self) -> list[job_pb2.Job]: ...
+    def queued_after(self, seq: int) -> list[job_pb2.Job]: ...
     def counts(self) -> dict: ...
     def close(self) -> None: ...
 
@@ -282,16 +283,19 @@ class SqlStore:
 
     def update(self, job: job_pb2.Job, attempt_token: str | None = None):
         """Writes the job's new state durably (and the hash of the attempt's token when given)."""
+        with self._connection() as db:
+            self._update(db, job, attempt_token)
+
+    def _update(self, db, job: job_pb2.Job, attempt_token: str | None) -> None:
         seq = seq_of(job.id)
         row = (job.state, job.pool, job.SerializeToString())
-        with self._connection() as db:
-            if attempt_token is None:
-                db.execute("UPDATE jobs SET state=?, pool=?, job=? WHERE seq=?", (*row, seq))
-            else:
-                db.execute(
-                    "UPDATE jobs SET state=?, pool=?, job=?, attempt_token=? WHERE seq=?",
-                    (*row, token_hash(attempt_token), seq),
-                )
+        if attempt_token is None:
+            db.execute("UPDATE jobs SET state=?, pool=?, job=? WHERE seq=?", (*row, seq))
+        else:
+            db.execute(
+                "UPDATE jobs SET state=?, pool=?, job=?, attempt_token=? WHERE seq=?",
+                (*row, token_hash(attempt_token), seq),
+            )
 
     # ------------------------------------------------------------ reads
 
@@ -355,6 +359,12 @@ class SqlStore:
         marks = ",".join("?" * len(UNFINISHED))
         sql = f"SELECT job FROM jobs WHERE state IN ({marks}) ORDER BY seq"
         return [job_pb2.Job.FromString(blob) for (blob,) in self._read(sql, UNFINISHED)]
+
+    def queued_after(self, seq: int) -> list[job_pb2.Job]:
+        """The QUEUED jobs above `seq`, oldest first: what other replicas took since (a leader
+        picks them up, launcher/controller.py)."""
+        sql = "SELECT job FROM jobs WHERE state = ? AND seq > ? ORDER BY seq"
+        return [job_pb2.Job.FromString(b) for (b,) in self._read(sql, (job_pb2.QUEUED, seq))]
 
     def counts(self) -> dict:
         """{(state, pool): number of jobs}."""

@@ -62,7 +62,11 @@ def _embedded(args) -> Launcher:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="submit", description=__doc__.split("\n")[0])
     p.add_argument("--config", required=True, help="job YAML (keys: kitchen.v1.JobSpec fields)")
-    p.add_argument("--launcher", help="launcher address (default: start one in this process)")
+    p.add_argument(
+        "--launcher",
+        help="launcher address, or replicas' addresses comma-separated (default: start one "
+        "in this process)",
+    )
     p.add_argument("--detach", action="store_true", help="print the job id and return")
     p.add_argument("--token", help="bearer token (default $KITCHEN_TOKEN)")
     p.add_argument("--tls-ca", help="PEM root certificate (default $KITCHEN_TLS_CA)")

@@ -168,14 +168,16 @@ def free_port() -> int:
 class LauncherProcess:
     """`python -m launcher.server` in its own process, so that it can be killed with -9."""
 
-    def __init__(self, tmp_path, cfg, env=None):
+    def __init__(self, tmp_path, cfg, env=None, name="launcher"):
+        """`name` tells replicas apart: its config is NAME.yaml, its log NAME.log."""
         cfg.listen = f"127.0.0.1:{free_port()}"  # the same port after a restart
-        self.path = tmp_path / "launcher.yaml"
+        self.path = tmp_path / f"{name}.yaml"
         self.path.write_text(
             yaml.safe_dump(json_format.MessageToDict(cfg, preserving_proto_field_name=True))
         )
         self.address = cfg.listen
-        self.log = open(tmp_path / "launcher.log", "ab")  # noqa: SIM115
+        self.log_path = tmp_path / f"{name}.log"
+        self.log = open(self.log_path, "ab")  # noqa: SIM115
         self.env = env or {}  # added to this process's environment
         self.proc: subprocess.Popen | None = None
 

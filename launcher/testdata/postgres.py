@@ -42,11 +42,36 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _Process:
+    """The server process, restartable (the chaos soak restarts the database)."""
+
+    def __init__(self, command: list, run_as: dict, log):
+        self.command, self.run_as, self.log = command, run_as, log
+        self.popen: subprocess.Popen | None = None
+
+    def start(self) -> subprocess.Popen:
+        self.popen = subprocess.Popen(self.command, stdout=self.log, stderr=self.log, **self.run_as)
+        return self.popen
+
+
 @dataclasses.dataclass(frozen=True)
 class PostgresServer:
     port: int
     password: str
     root: str  # its directory: data/, server.log
+    process: _Process | None = dataclasses.field(default=None, compare=False, repr=False)
+
+    def restart(self, crash: bool = False) -> None:
+        """Stops the server (crash=True: SIGQUIT, PostgreSQL's immediate shutdown: no
+        checkpoint, WAL recovery at the start, as after a crash; else a fast shutdown) and
+        starts it again on the same port and data; returns once it accepts connections."""
+        assert self.process is not None and self.process.popen is not None
+        if crash:
+            self.process.popen.send_signal(signal.SIGQUIT)
+            self.process.popen.wait(30)
+        else:
+            _stop(self.process.popen)
+        _wait_ready(self, self.process.start(), os.path.join(self.root, "server.log"))
 
     def dsn(self, dbname: str = "postgres", password: str | None = None) -> str:
         password = self.password if password is None else password
@@ -89,7 +114,7 @@ def running_postgres(durable: bool = False) -> Iterator[PostgresServer]:
     data = os.path.join(root, "data")
     log_path = os.path.join(root, "server.log")
     log = open(log_path, "ab")  # noqa: SIM115
-    process = None
+    control: _Process | None = None
     try:
         subprocess.run(
             [f"{bindir}/initdb", "-D", data, "-U", USER, f"--pwfile={pwfile}",
@@ -99,18 +124,18 @@ def running_postgres(durable: bool = False) -> Iterator[PostgresServer]:
         os.unlink(pwfile)
         port = free_port()
         fast = [] if durable else ["-c", "fsync=off", "-c", "full_page_writes=off"]
-        process = subprocess.Popen(
+        control = _Process(
             [f"{bindir}/postgres", "-D", data, "-p", str(port),
              "-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
              "-c", "max_connections=200", *fast],
-            stdout=log, stderr=log, **run_as,
+            run_as, log,
         )  # fmt: skip
-        server = PostgresServer(port, password, root)
-        _wait_ready(server, process, log_path)
+        server = PostgresServer(port, password, root, control)
+        _wait_ready(server, control.start(), log_path)
         yield server
     finally:
-        if process is not None:
-            _stop(process)
+        if control is not None and control.popen is not None:
+            _stop(control.popen)
         log.close()
         shutil.rmtree(root, ignore_errors=True)
 
