@@ -49,6 +49,7 @@ class EngineSpec:
     embed_images: Callable[[torch.Tensor], torch.Tensor] | None
     threads: int  # torch's intra-op threads, the parent's
     vocab: int | None = None  # the tokenizer's ids, the only ones sampled (engine.py)
+    draft: Transformer | None = None  # speculative decoding's draft model (serve.draft_path)
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,7 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
         max_len=spec.max_len,
         embed_images=spec.embed_images,
         vocab=spec.vocab,
+        draft=spec.draft,
     )
     received, draining = 0, False
     refused: list[Output] = []
