@@ -33,6 +33,7 @@ room, a request does not speculate that step (always correct, never waits).
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +42,9 @@ from trainer.inference.kv_cache import PagedKVCache
 from trainer.inference.paged_model import Run, forward_step
 from trainer.inference.sampling import probabilities
 from trainer.model import Transformer
+
+if TYPE_CHECKING:  # engine.py imports this module
+    from trainer.inference.engine import Request
 
 MAX_NGRAM = 3
 
@@ -135,9 +139,9 @@ class DraftModel:
             len(model.layers), attn.n_kv_heads, attn.head_dim, num_blocks, block_size,
             p.device, p.dtype, caching=False,
         )  # fmt: skip
-        self.states: dict[object, _State] = {}  # by request (compared by identity)
+        self.states: dict[Request, _State] = {}  # by request (compared by identity)
 
-    def reserve(self, r, k: int) -> bool:
+    def reserve(self, r: "Request", k: int) -> bool:
         """Takes the blocks for r's next proposal of k tokens (its context and k - 1 drafts
         are written); False when the pool has no room (r does not speculate this step)."""
         state = self.states.setdefault(r, _State())
@@ -148,12 +152,12 @@ class DraftModel:
         self.cache.grow(state.table, r.length + k - 1)
         return True
 
-    def release(self, r) -> None:
+    def release(self, r: "Request") -> None:
         state = self.states.pop(r, None)
         if state is not None:
             self.cache.release(state.table)
 
-    def _settle(self, r, state: _State) -> None:
+    def _settle(self, r: "Request", state: _State) -> None:
         """Counts as verified the proposal's written tokens that r's tokens now hold."""
         tokens = r.tokens
         for j, x in enumerate(state.proposed[:-1]):
@@ -164,7 +168,7 @@ class DraftModel:
         state.verified = min(state.verified, len(tokens) - 1)
 
     @torch.no_grad()
-    def propose(self, requests: list[tuple[object, int]]) -> list[torch.Tensor | None]:
+    def propose(self, requests: list[tuple["Request", int]]) -> list[torch.Tensor | None]:
         """Fills each request's `draft` with k tokens (blocks reserved); returns each one's
         draft distributions (k, vocab), None for a greedy request (argmax: a point mass)."""
         states = [self.states[r] for r, _ in requests]
