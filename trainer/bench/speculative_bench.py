@@ -4,7 +4,7 @@
 
 A draft only pays when it guesses what the target would say, so the models must have learned
 something: the script first trains, on CPU, a target (dim 64, 3 layers) and a draft (dim 32,
-1 layer: ~10x fewer parameters) on the same synthetic language, an order-2 Markov chain over
+1 layer: ~8x fewer parameters) on the same synthetic language, an order-2 Markov chain over
 16 tokens whose rows are peaked (a few likely continuations per context), so the next token
 depends on the context and a smaller model learns most of it. The held-out loss of both is
 printed beside the chain's own entropy (the best any model can do).
