@@ -79,6 +79,7 @@ UNBUILT_TARGETS = {
     "//images:push_trainer": "the 600 MB trainer image; //images:push_images_test runs it",
     "//images:push_trainer_cuda": "the 3.2 GB CUDA image (manual); image_bench.py pushes it",
     "//trainer/bench:packing_throughput_bench": "a benchmark: ~30 min on 2 CPUs",
+    "//trainer/bench:speculative_bench": "a benchmark: trains two models, ~15 min on 2 CPUs",
 }
 JOB_TARGETS = ("//launcher:submit", "//trainer:train")
 COMMAND_TIMEOUT_S = 600

@@ -38,6 +38,7 @@ PATH_FIELDS: tuple[tuple[str, str], ...] = (
     ("serve", "api_key_file"),  # #31
     ("serve", "tls_cert"),
     ("serve", "tls_key"),
+    ("serve", "draft_path"),  # #35
 )
 # (section, repeated message field, path field in each item): every mixture source's input.
 REPEATED_PATH_FIELDS: tuple[tuple[str, str, str], ...] = (("data", "sources", "input"),)

@@ -37,6 +37,7 @@ CHECKPOINT_FIELDS = frozenset(
         "rl.reward_path",
         "hf.path",
         "distill.teacher_path",
+        "serve.draft_path",
     }
 )
 RUN_DIR_FIELDS = frozenset({"eval.sweep"})  # fields that name a run directory

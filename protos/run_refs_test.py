@@ -64,6 +64,14 @@ def test_a_run_by_hand_is_found_by_its_directory_name(tmp_path):
     assert cfg.distill.teacher_path == path and found.job_id == ""
 
 
+def test_a_serve_draft_model_is_a_checkpoint_field(tmp_path):
+    path = _checkpoint(os.path.join(tmp_path, "runs", "small"), 50)
+    cfg = trainer_config_pb2.TrainerConfig()
+    cfg.serve.draft_path = "run:small"
+    (found,) = resolve(cfg, runs_on_disk(str(tmp_path)))
+    assert cfg.serve.draft_path == path and found.field == "serve.draft_path"
+
+
 @pytest.mark.parametrize(
     "section, field, value, problem",
     [

@@ -96,6 +96,11 @@ def validate_serve(cfg: trainer_config_pb2.TrainerConfig) -> None:
     check_ranges(s, "serve", "trainer.serve")
     check_serve_pool(s, cfg.model.max_seq_len, "model.max_seq_len")
     check(
+        not s.draft_path or s.speculative_tokens > 0,
+        "trainer.serve.draft_path",
+        "a draft model drafts serve.speculative_tokens tokens a step: set it (e.g. 4)",
+    )
+    check(
         not (s.api_key_file and s.api_key_env),
         "trainer.serve.api_key_env",
         "set api_key_file or api_key_env, not both",

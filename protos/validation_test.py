@@ -452,6 +452,9 @@ def serve_spec(**serve) -> job_pb2.JobSpec:
         ({"max_stop": -1}, "trainer.serve.max_stop: -1 is not in [0, 1,024]"),
         ({"max_body_bytes": 10}, "trainer.serve.max_body_bytes: 10 is not in"),
         ({"request_timeout_seconds": math.nan}, "request_timeout_seconds: nan is not a finite"),
+        # #35: a draft model with nothing to draft
+        ({"draft_path": "/small"}, "trainer.serve.draft_path: a draft model drafts"),
+        ({"speculative_tokens": 65}, "trainer.serve.speculative_tokens: 65 is not in"),
     ],
 )
 def test_serve_exposure_and_limits_are_checked(serve, message):
@@ -467,6 +470,7 @@ def test_serve_exposure_and_limits_are_checked(serve, message):
         {"host": "0.0.0.0", "allow_plaintext": True, "allow_unauthenticated": True},
         {"host": "0.0.0.0", "tls_cert": "/c", "tls_key": "/k", "api_key_file": "/key"},
         {"host": "0.0.0.0", "allow_plaintext": True, "api_key_env": "KITCHEN_SERVE_KEY"},
+        {"draft_path": "/small", "speculative_tokens": 4},
     ],
 )
 def test_serve_exposure_that_is_allowed(serve):

@@ -77,7 +77,8 @@ def _at_a_glance() -> list:
             "Draft acceptance",
             "Share of speculative decoding's draft tokens the model kept (5 min; 0 with "
             "serve.speculative_tokens 0). Each kept token is a step saved; near 0 with drafts: "
-            "the answers do not repeat their context, turn it off.",
+            "the draft does not predict the model (prompt lookup on answers that do not repeat "
+            "their context, or a draft model trained on other data), turn it off.",
             "percentunit",
             ACCEPTANCE,
             LEGEND,

@@ -22,14 +22,18 @@ block it computes is named for the next. Its keys and values are the ones it wou
 API's usage.prompt_tokens_details.cached_tokens); a recompute after preemption reuses its own
 blocks too when they are still cached.
 
-With serve.speculative_tokens, a greedy decoding request drafts up to that many tokens by
-prompt lookup (speculative.py) and runs them with its last token in one step; it keeps the
-draft up to the first token the model would not have chosen, and the model's choice there:
-plain greedy decoding's tokens, several per step when drafts hit (`accepted` / `drafted`).
+With serve.speculative_tokens, a decoding request drafts up to that many tokens, by prompt
+lookup or with a draft model (`draft`, serve.draft_path; speculative.py), and runs them with
+its last token in one step. A greedy request keeps the draft up to the first token the model
+would not have chosen, and the model's choice there: plain greedy decoding's tokens. A sampled
+one keeps each draft token by the rejection rule (speculative.verify_sampled): plain
+sampling's distribution. Several tokens per step when drafts hit (`accepted` / `drafted`, the
+engine's and each request's).
 
 With a request's `constraint` (structured output: a JSON schema, any JSON object, a regular
-expression), its logits are masked to the tokens its grammar allows before it samples, and its
-drafts are verified under the same mask at each position (grammar.py).
+expression), its logits are masked to the tokens its grammar allows before it samples; a
+greedy one's drafts are cut to what the grammar allows and verified under the same mask at
+each position (grammar.py), and a sampled one does not speculate.
 
 When a decoding request needs a block and none is free, the newest running request is
 preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
@@ -71,8 +75,14 @@ from trainer.inference.detokenize import detokenize, stop_strings
 from trainer.inference.grammar import Constraint, Grammars, Matcher, Vocabulary, masked
 from trainer.inference.kv_cache import PagedKVCache, block_hashes
 from trainer.inference.paged_model import Run, forward_step
-from trainer.inference.sampling import TopLogprobs, argmax_rows, sample, token_logprobs
-from trainer.inference.speculative import ngram_draft
+from trainer.inference.sampling import (
+    TopLogprobs,
+    argmax_rows,
+    probabilities,
+    sample,
+    token_logprobs,
+)
+from trainer.inference.speculative import DraftModel, ngram_draft, verify_sampled
 from trainer.model import Transformer
 
 # The token id at an image's positions of a request's token list: any valid id, its embedding
@@ -129,6 +139,8 @@ class Request:
     root: bytes = b""  # its image's digest: the first block's name depends on the image
     draft: list[int] = field(default_factory=list)  # this step's speculative tokens
     matcher: Matcher | None = None  # its place in params.constraint's grammar, once added
+    drafted: int = 0  # speculative tokens proposed for it, and of those kept: its acceptance
+    accepted: int = 0
     # A VLM's image, (S, S, 3) uint8, read at the first positions of `prompt` (their ids are
     # IMAGE_PLACEHOLDER), and its projected tokens once encoded: kept
     # across a preemption, so a recompute prefills the same vectors without the encoder.
@@ -173,12 +185,15 @@ class Engine:
         embed_images: Callable[[torch.Tensor], torch.Tensor] | None = None,
         vocab: int | None = None,
         grammar: Vocabulary | None = None,
+        draft: Transformer | None = None,
     ):
         """`cfg` is a ServeConfig with defaults applied; `max_len` the model's positions;
         `embed_images` a VLM's encoder and projector, (B, S, S, 3) uint8 -> (B, image tokens,
         dim) (None: a text model); `vocab` the tokenizer's ids (None: every row of the model's
         output), the only ones sampled; `grammar` the tokenizer's vocabulary for structured
-        output (grammar.py; None: a constrained request is refused)."""
+        output (grammar.py; None: a constrained request is refused); `draft` speculative
+        decoding's draft model (None: prompt lookup), with the model's vocabulary and at least
+        its positions."""
         self.model = model  # its live parameters: the engine copies no weights
         self.embed_images = embed_images
         self.cfg, self.decode, self.eos_id, self.max_len = cfg, decode, eos_id, max_len
@@ -206,6 +221,9 @@ class Engine:
         self.accepted = 0
         self._pending: list[Output] = []  # outputs of requests ended between steps (aborts)
         self.grammars = Grammars(grammar) if grammar is not None else None
+        self.drafter = None if draft is None else DraftModel(draft, model, max_len, cfg, vocab)
+        self._proposing: list[tuple[Request, int]] = []  # this step's draft-model requests
+        self._draft_dists: dict[Request, torch.Tensor | None] = {}
 
     def add(self, request: Request) -> None:
         """Queues a request; RequestTooLarge (check_fits) if it could never finish."""
@@ -245,6 +263,18 @@ class Engine:
         scheduled = self._schedule()
         if not scheduled:
             return outputs
+        if self._proposing:
+            assert self.drafter is not None
+            dists = self.drafter.propose(self._proposing)
+            self._draft_dists = {r: d for (r, _), d in zip(self._proposing, dists, strict=True)}
+            for r, _ in self._proposing:
+                if r.matcher is not None:  # greedy (_draft): a forbidden token is never kept
+                    r.draft = r.matcher.valid_prefix(r.draft)
+            # a draft cut by its grammar runs fewer tokens than were scheduled
+            scheduled = [
+                (r, 1 + len(r.draft) if r in self._draft_dists else n) for r, n in scheduled
+            ]
+            self._proposing = []
         self._encode_images([r for r, _ in scheduled])
         runs = [
             Run(self._new_tokens(r, n), r.computed, r.table, _image_run(r, n), 1 + len(r.draft))
@@ -291,33 +321,50 @@ class Engine:
             return r.tokens[r.computed : r.computed + 1] + r.draft
         return r.tokens[r.computed : r.computed + n]
 
-    def _draft(self, r: Request, room: int) -> list[int]:
-        """A greedy decoding request's speculative tokens (speculative.py), their blocks
-        taken; none when off, sampled, out of budget or blocks, or near its end."""
+    def _draft(self, r: Request, room: int) -> int:
+        """How many speculative tokens a decoding request runs this step (speculative.py),
+        their blocks taken; none when off, out of budget or blocks, or near its end. A prompt
+        lookup draft is r.draft now; a draft model's is proposed once the step is scheduled."""
         p = r.params
         k = min(self.cfg.speculative_tokens, room, p.max_tokens - len(r.output) - 1)
         k = min(k, self.max_len - r.length - 1)
-        if k <= 0 or p.temperature != 0:
-            return []
+        if k <= 0 or (r.matcher is not None and p.temperature > 0):
+            # a sampled constrained request does not speculate: the rejection rule would need
+            # the grammar's mask on both distributions at each drafted position
+            return 0
+        if self.drafter is not None:
+            if not (self._fits(r, 1 + k) and self.drafter.reserve(r, k)):
+                return 0
+            self._proposing.append((r, k))
+            return k
         draft = ngram_draft(r.tokens, k)
         if r.matcher is not None:  # a token the grammar forbids could never be kept
             draft = r.matcher.valid_prefix(draft)
         if draft and self._fits(r, 1 + len(draft)):
             r.draft = draft
-        return r.draft
+        return len(r.draft)
 
     def _verify(self, r: Request, rows: torch.Tensor) -> list[Output]:
-        """Keeps r's draft up to its first token that is not the model's greedy choice, and
-        that choice: the tokens plain greedy decoding would give, one output each."""
+        """Greedy: keeps r's draft up to its first token that is not the model's greedy
+        choice, and that choice: the tokens plain greedy decoding would give. Sampled: the
+        rejection rule's tokens (speculative.verify_sampled). One output each."""
         draft, r.draft = r.draft, []
-        if r.matcher is not None:  # masked at each position, the grammar rolled back after
-            targets = r.matcher.greedy_targets(rows, draft)
+        p, q = r.params, self._draft_dists.pop(r, None)
+        if p.temperature == 0:
+            if r.matcher is not None:  # masked at each position, the grammar rolled back after
+                targets = r.matcher.greedy_targets(rows, draft)
+            else:
+                targets = rows.argmax(dim=-1).tolist()
+            m = 0
+            while m < len(draft) and draft[m] == targets[m]:
+                m += 1
         else:
-            targets = rows.argmax(dim=-1).tolist()
-        m = 0
-        while m < len(draft) and draft[m] == targets[m]:
-            m += 1
+            dist = probabilities(rows, p.temperature, p.top_k, p.top_p)
+            assert r.generator is not None
+            targets = verify_sampled(dist, draft, q, r.generator)
+            m = len(targets) - 1
         self.drafted, self.accepted = self.drafted + len(draft), self.accepted + m
+        r.drafted, r.accepted = r.drafted + len(draft), r.accepted + m
         r.computed += 1 + m  # the rejected drafts' keys and values are overwritten later
         outputs = []
         for j, token in enumerate(targets[: m + 1]):
@@ -374,7 +421,7 @@ class Engine:
                 if victim is r:
                     break
             if not preempted or r in self.running:
-                n = 1 + len(self._draft(r, budget - 1))
+                n = 1 + self._draft(r, budget - 1)
                 scheduled.append((r, n))
                 budget -= n
         for r in self.running:
@@ -448,6 +495,8 @@ class Engine:
 
     def _release(self, r: Request) -> None:
         self.cache.release(r.table)
+        if self.drafter is not None:
+            self.drafter.release(r)
         r.computed = r.named = 0
 
     def _preempt(self, r: Request) -> None:

@@ -1,8 +1,18 @@
 """#35's interaction test: every combination of the engine's serving features (prefix caching,
-chunked prefill, speculative decoding by prompt lookup, preemption forced by a small pool,
-structured output) gives the plain engine's answers (none of them, a pool that holds
-everything; structured output: the plain engine under the same constraint), greedy and seeded,
-with the same logprobs and top alternatives.
+chunked prefill, speculative decoding off, by prompt lookup or by a draft model, preemption
+forced by a small pool, structured output) gives the plain engine's answers (none of them, a
+pool that holds everything; structured output: the plain engine under the same constraint),
+greedy and seeded, with the same logprobs and top alternatives.
+
+What is compared for a seeded sampled request with speculation on: not its tokens. The
+rejection rule (speculative.py) consumes the request's generator differently from plain
+sampling (the draft model's own draws, one uniform number per draft token), so the same seed
+gives another answer from the same distribution; speculative_test.py tests that distribution
+against plain sampling's. Here such an answer is checked token by token against the model
+instead: each token's logprob is the full forward's log_softmax over the request's own context
+(every feature fed the verifier the right keys and values). Greedy answers, with speculation
+or without, and seeded answers without it, must equal the plain engine's. (A sampled
+constrained request does not speculate: its answer must equal the plain engine's too.)
 
 The model is inference/testing.py's tiny one, weights spread wide so that its next token is
 decided by the model and depends on the context (checked below: a cache that handed a request
@@ -23,6 +33,7 @@ import random
 import jsonschema
 import pytest
 import torch
+import torch.nn.functional as F
 
 from trainer.inference.engine import Engine, FinishReason, Request, SamplingParams
 from trainer.inference.grammar import Constraint, Format
@@ -57,6 +68,16 @@ def model():
     return tiny_model(MAX_LEN)
 
 
+@pytest.fixture(scope="module")
+def draft(model):
+    """The target perturbed: a draft that agrees with it often, not always."""
+    draft = tiny_model(MAX_LEN)
+    with torch.no_grad():
+        for d, t in zip(draft.parameters(), model.parameters(), strict=True):
+            d.copy_(t + 0.03 * torch.randn_like(t))
+    return draft
+
+
 def first_wave(structured: bool) -> list[list[int]]:
     rng = random.Random(3)
     system = [rng.randrange(EOS) for _ in range(21)]
@@ -73,10 +94,10 @@ def params(i: int, structured: bool) -> SamplingParams:
     return SamplingParams(n, 0.9, top_k=20, seed=100 + i, logprobs=True, constraint=c)
 
 
-Answer = tuple[list[int], list[float], list]  # ids, logprobs, top logprobs
+Answer = tuple[list[int], list[float], list, list[int]]  # ids, logprobs, top logprobs, prompt
 
 
-def run(model, structured: bool, **serve) -> tuple[dict[str, Answer], Engine]:
+def run(model, structured: bool, draft=None, **serve) -> tuple[dict[str, Answer], Engine]:
     """Two waves on one engine: the answers of every request by id."""
     engine = Engine(
         model,
@@ -85,6 +106,7 @@ def run(model, structured: bool, **serve) -> tuple[dict[str, Answer], Engine]:
         eos_id=EOS,
         max_len=MAX_LEN,
         grammar=json_vocabulary() if structured else None,
+        draft=draft,
     )
     rng = random.Random(4)
     prompts, got = first_wave(structured), {}
@@ -96,7 +118,7 @@ def run(model, structured: bool, **serve) -> tuple[dict[str, Answer], Engine]:
             engine.add(r)
         while engine.has_work():
             engine.step()
-        got.update({r.id: (r.output, r.logprobs, r.top_logprobs) for r in requests})
+        got.update({r.id: (r.output, r.logprobs, r.top_logprobs, r.prompt) for r in requests})
         if structured:  # every answer is whole (JSON_NEW has room), and valid
             assert all(r.finish is FinishReason.STOP for r in requests)
             for r in requests:
@@ -129,11 +151,26 @@ def test_the_answers_depend_on_the_context(model, plain, structured):
     assert len({tuple(g) for g in greedy}) == len(greedy)  # same system prompt, other questions
 
 
-COMBINATIONS = list(itertools.product([False, True], repeat=5))
+SPECULATION = ["off", "prompt_lookup", "draft_model"]
+COMBINATIONS = list(
+    itertools.product([False, True], [False, True], SPECULATION, [False, True], [False, True])
+)
+
+
+@torch.no_grad()
+def assert_scored_by_the_model(model, answer: Answer) -> None:
+    """Each token's logprob and top-2 alternatives are the full forward's over its context."""
+    ids, logprobs, top, prompt = answer
+    tokens = torch.tensor([prompt + ids])
+    logp = F.log_softmax(model(tokens, torch.arange(tokens.shape[1])[None])[0].float(), -1)
+    rows = logp[len(prompt) - 1 : len(prompt) - 1 + len(ids)]
+    want = rows.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+    torch.testing.assert_close(logprobs, want, rtol=0, atol=1e-4)
+    assert top == [()] * len(ids)  # sampled requests ask for no alternatives (params)
 
 
 @pytest.mark.parametrize(
-    "prefix, chunked, speculative, small_pool, structured",
+    "prefix, chunked, speculation, small_pool, structured",
     COMBINATIONS,
     ids=[
         f"prefix={p}-chunked={c}-spec={d}-small_pool={s}-structured={j}"
@@ -141,26 +178,33 @@ COMBINATIONS = list(itertools.product([False, True], repeat=5))
     ],
 )
 def test_every_combination_equals_the_plain_engine(
-    model, plain, prefix, chunked, speculative, small_pool, structured
+    model, draft, plain, prefix, chunked, speculation, small_pool, structured
 ):
     # A small pool holds one request at its longest: 72 positions, 84 for a structured one.
     small = 21 if structured else 18
     got, engine = run(
         model,
         structured,
+        draft if speculation == "draft_model" else None,
         prefix_caching=prefix,
         chunked_prefill=chunked,
-        speculative_tokens=4 if speculative else 0,
+        speculative_tokens=0 if speculation == "off" else 4,
         max_batch_tokens=16,
         block_size=4,
         num_blocks=small if small_pool else 256,
     )
-    for rid, (ids, logprobs, top) in plain[structured].items():
+    for rid, (ids, logprobs, top, _) in plain[structured].items():
+        sampled = params(int(rid[-1]), structured).temperature > 0
+        if speculation != "off" and got[rid][0] != ids and sampled and not structured:
+            assert_scored_by_the_model(model, got[rid])  # module docstring: another answer
+            continue
         assert got[rid][0] == ids, rid
         torch.testing.assert_close(got[rid][1], logprobs, rtol=0, atol=1e-4)
         assert [[i for i, _ in t] for t in got[rid][2]] == [[i for i, _ in t] for t in top]
         torch.testing.assert_close(got[rid][2], top, rtol=0, atol=1e-4)
     assert (engine.preemptions > 0) == small_pool
     assert (engine.cached_tokens > 0) == prefix
-    assert (engine.accepted > 0) == speculative  # drafts were kept, and so checked
+    assert (engine.accepted > 0) == (speculation != "off")  # drafts were kept, and so checked
     assert engine.cache.allocator.used == 0
+    if engine.drafter is not None:
+        assert engine.drafter.cache.allocator.used == 0 and not engine.drafter.states

@@ -71,6 +71,17 @@ def _filtered(x: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Te
     return torch.full_like(x, float("-inf")).scatter(1, order, ordered)
 
 
+def probabilities(logits: torch.Tensor, temperature: float, top_k: int, top_p: float):
+    """The distribution `sample` draws a row from (B, vocab) at temperature > 0: softmax of
+    the logits over the temperature, outside top_k and the top_p nucleus 0. Speculative
+    decoding's rejection rule compares the target's and the draft's (speculative.py)."""
+    x = logits.float() / temperature
+    rows = x.shape[0]
+    if 0 < top_k < x.shape[-1] or top_p < 1:
+        x = _filtered(x, [top_k] * rows, [top_p] * rows)
+    return x.softmax(dim=-1)
+
+
 TopLogprobs = tuple[tuple[int, float], ...]  # (token id, log-probability), most likely first
 
 

@@ -51,6 +51,7 @@ class EngineSpec:
     threads: int  # torch's intra-op threads, the parent's
     vocab: int | None = None  # the tokenizer's ids, the only ones sampled (engine.py)
     grammar: Vocabulary | None = None  # structured output's token masks (grammar.py)
+    draft: Transformer | None = None  # speculative decoding's draft model (serve.draft_path)
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
         embed_images=spec.embed_images,
         vocab=spec.vocab,
         grammar=spec.grammar,
+        draft=spec.draft,
     )
     received, draining = 0, False
     refused: list[Output] = []

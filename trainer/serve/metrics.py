@@ -123,13 +123,14 @@ class ServeMetrics:
         # spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens).
         self.draft_tokens = Counter(
             "kitchen_serve_spec_decode_draft_tokens",
-            "Tokens proposed by speculative decoding's draft (prompt lookup).",
+            "Tokens proposed by speculative decoding's draft (prompt lookup or a draft model).",
             labels,
             registry=self.registry,
         ).labels(*values)
         self.accepted_tokens = Counter(
             "kitchen_serve_spec_decode_accepted_tokens",
-            "Draft tokens the model's own choice confirmed (kept).",
+            "Draft tokens the model verified and kept (greedy: its own choice; sampled: the "
+            "rejection rule).",
             labels,
             registry=self.registry,
         ).labels(*values)

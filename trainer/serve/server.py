@@ -48,8 +48,10 @@ class Server:
         decode,
         eos_id: int,
         vocab: int | None = None,
+        draft: Transformer | None = None,
     ):
-        """`cfg` has its defaults applied (protos.defaults.with_defaults)."""
+        """`cfg` has its defaults applied (protos.defaults.with_defaults); `draft` speculative
+        decoding's draft model (serve.draft_path)."""
         key = api_key(cfg)  # first: a key that cannot be read stops the job before anything
         spec = EngineSpec(
             model,
@@ -61,6 +63,7 @@ class Server:
             threads=torch.get_num_threads(),
             vocab=vocab,
             grammar=served.grammar,
+            draft=draft,
         )
         self.runner = EngineRunner(spec, ServeMetrics(served.name))
         # IPPROTO_TCP named, not left 0: asyncio turns Nagle's algorithm off (TCP_NODELAY) only
@@ -168,6 +171,7 @@ def serve(
     log,
     client,
     images: PromptImages | None = None,
+    draft: Transformer | None = None,
 ) -> ExitCode:
     """The `serve` job: serves `model` until SIGTERM or the launcher's stop, reporting a
     heartbeat to `client` (a ProgressClient, or None run by hand). `cfg` has its defaults.
@@ -194,6 +198,7 @@ def serve(
         decode=tokenizer.decode,
         eos_id=tokenizer.eos_id,
         vocab=tokenizer.vocab_size,
+        draft=draft,
     )
     server.start()
     reads = f", with {images.tokens} tokens per image" if images else ""

@@ -8,15 +8,24 @@ from trainer.inference.testing import BOS, EOS, decode, encode, serve_config
 from trainer.model import Transformer
 
 
-def start_server(model: Transformer, name: str = "tiny", eos_id: int = EOS, encode=encode, **serve):
+def start_server(
+    model: Transformer,
+    name: str = "tiny",
+    eos_id: int = EOS,
+    encode=encode,
+    draft: Transformer | None = None,
+    **serve,
+):
     """A live Server of `model` on 127.0.0.1 (any free port) with the toy tokenizer (`encode`:
     e.g. one that records its calls); an `eos_id` outside the vocabulary makes every request
-    run to max_tokens. `serve`: ServeConfig fields."""
+    run to max_tokens. `draft`: speculative decoding's draft model. `serve`: ServeConfig
+    fields."""
     from trainer.serve.api import ServedModel
     from trainer.serve.server import Server
 
     served = ServedModel(name, encode, BOS, model.rope.cos.shape[0], created=0)
-    return Server(model, serve_config(**serve), served, decode=decode, eos_id=eos_id).start()
+    cfg = serve_config(**serve)
+    return Server(model, cfg, served, decode=decode, eos_id=eos_id, draft=draft).start()
 
 
 def wait_for_endpoint(log_path, process, timeout=60.0) -> str:
