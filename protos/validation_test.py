@@ -484,7 +484,11 @@ def test_serve_exposure_that_is_allowed(serve):
             "trainer.profile.start_step: steps 198..202 end past the job's last step (train.steps"
             " 200)",
         ),
-        (job_pb2.EVAL, {"steps": 2}, "trainer.profile.steps: profiles training steps, and EVAL jobs take none"),
+        (
+            job_pb2.EVAL,
+            {"steps": 2},
+            "trainer.profile.steps: profiles training steps, and EVAL jobs take none",
+        ),
     ],
 )
 def test_a_profile_names_its_field(kind, fields, message):
