@@ -46,8 +46,8 @@ def code_version(source: str = __file__) -> CodeVersion:
         commit = _git(directory, "rev-parse", "HEAD")
         dirty = _git(directory, "status", "--porcelain", "--untracked-files=no")
         top = _git(directory, "rev-parse", "--show-toplevel")
-    except FileNotFoundError:
-        return CodeVersion("", f"unknown: no git to ask about {directory}")
+    except OSError as err:  # no git installed, or not runnable here
+        return CodeVersion("", f"unknown: cannot run git for {directory}: {err.strerror}")
     except subprocess.TimeoutExpired:
         return CodeVersion("", f"unknown: git in {directory} took over {GIT_TIMEOUT_SECONDS:g} s")
     except subprocess.CalledProcessError as err:
