@@ -1,6 +1,7 @@
 """What MLflow tracking costs a training job: its step time with tracking on beside off.
 
-    bazel run //launcher/bench:tracking_bench -- [--rounds 3] [--out launcher/bench/tracking_results.md]
+    bazel run //launcher/bench:tracking_bench -- [--rounds 3] [--steps N] \
+        [--out launcher/bench/tracking_results.md]
 
 Two launchers in this process, on one machine at once: one writing every job to its embedded
 MLflow store (the default: `tracking.uri` ""), one with `tracking.uri: none`. The main job
@@ -39,7 +40,7 @@ def workspace_file(path: str) -> str:
     return os.path.join(root, path)
 
 
-def launcher(state: str, tracked: bool) -> Launcher:
+def launcher(state: str, tracked: int) -> Launcher:
     cfg = launcher_pb2.LauncherConfig(listen="127.0.0.1:0", metrics_listen="none", state_dir=state)
     cfg.tracking.uri = "" if tracked else "none"
     return Launcher(cfg).start()
@@ -93,8 +94,9 @@ def main(argv=None) -> None:
                 medians[tracked].append(statistics.median(steps))
                 if tracked:
                     tracked_jobs.append(job)
-                print(f"round {r + 1} tracking {'on ' if tracked else 'off'}: median step "
-                      f"{1000 * medians[tracked][-1]:.1f} ms over {len(steps)} steps", flush=True)  # fmt: skip
+                side = "on " if tracked else "off"
+                median = 1000 * medians[tracked][-1]
+                print(f"round {r + 1} tracking {side}: median step {median:.1f} ms", flush=True)
         tracker = launchers[1].tracker
         assert tracker is not None
         deadline = time.monotonic() + 300
@@ -118,7 +120,8 @@ def main(argv=None) -> None:
         f"Run on {platform.processor() or platform.machine()} ({cpu_model()}), {os.cpu_count()} "
         f"CPUs, load average {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} at the start; Python "
         f"{platform.python_version()}. Command: `bazel run //launcher/bench:tracking_bench -- "
-        f"--rounds {args.rounds}{f' --steps {args.steps}' if args.steps else ''}`. Main job: {MAIN_JOB} with log_every 1 "
+        f"--rounds {args.rounds}{f' --steps {args.steps}' if args.steps else ''}`. Main job: "
+        f"{MAIN_JOB} with log_every 1 "
         f"({spec.trainer.train.steps} steps, each reported), {args.rounds} jobs per side in ABBA "
         f"order; MLflow received every tracked step: {logged} loss values.",
         "",
