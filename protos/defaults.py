@@ -163,6 +163,11 @@ SECTIONS: dict[str, dict[str, Field]] = {
         "temperature": Field(1.0, 0, 100, low_open=True),
         "eval_fraction": Field(0.1, 0, 1, high_open=True),
     },
+    "profile": {  # #32: a profile of a few training steps (trainer/step_profiler.py)
+        "steps": Field(0, 0, 1000),
+        "start_step": Field(5, 1, 1 << 30),
+        "top_ops": Field(15, 1, 1000),
+    },
     "distill": {  # #30: DISTILL (trainer/recipes/distill.py)
         "temperature": Field(1.0, 0, 100, low_open=True),
         "alpha": Field(0.5, 0, 1),

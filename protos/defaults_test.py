@@ -20,6 +20,7 @@ SECTION_OF.update(EvalConfig="eval")
 SECTION_OF.update(VisionConfig="vision")  # #16
 SECTION_OF.update(ServeConfig="serve")
 SECTION_OF.update(DistillConfig="distill")  # #30
+SECTION_OF.update(ProfileConfig="profile")  # #32
 
 
 def _literal(type_name: str, text: str):

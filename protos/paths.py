@@ -46,6 +46,8 @@ STATE_DIR_ENV = "KITCHEN_STATE_DIR"
 RUN_REF_PREFIX = "run:"  # a path field naming a run by its name: protos/run_refs.py
 CHECKPOINTS_DIR = "checkpoints"  # in a run directory
 CHECKPOINT_PREFIX = "step_"  # step_00000050: the checkpoint of step 50
+PRECOOK_MANIFEST = "manifest.json"  # in a precooked directory (trainer/data/manifest.py)
+PROFILE_DIR = "profile"  # in a run directory: trainer.profile's traces and table (#32)
 
 
 def user_path(path: str) -> str:

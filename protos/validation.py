@@ -30,6 +30,7 @@ from protos.rules import check, check_range, check_ranges
 from protos.validation_kinds import (
     IMAGE_FORMATS,
     RL_KINDS,
+    TRAINING_KINDS,
     validate_distill,
     validate_rl,
     validate_serve,
@@ -255,6 +256,7 @@ def validate_trainer(
         check_ranges(getattr(cfg, section), section, f"trainer.{section}")
     check_ranges(cfg.health, "health", "trainer.health")
     check_ranges(cfg.eval, "eval", "trainer.eval")
+    validate_profile(cfg, kind)  # #32
     if kind == job_pb2.IMPORT:
         check(bool(cfg.hf.path), "trainer.hf.path", "IMPORT reads a Hugging Face model directory")
     check(
@@ -318,3 +320,23 @@ def validate_trainer(
         validate_serve(cfg)
     validate_moe(cfg, world_size)
     validate_layout(cfg, world_size)
+
+
+def validate_profile(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind) -> None:
+    """#32: the profiled steps are training steps this job takes."""
+    p = cfg.profile
+    check_ranges(p, "profile", "trainer.profile")
+    if not p.steps:
+        return
+    check(
+        kind in TRAINING_KINDS,
+        "trainer.profile.steps",
+        f"profiles training steps, and {job_pb2.JobKind.Name(kind)} jobs take none",
+    )
+    last = p.start_step + p.steps - 1
+    check(
+        last <= cfg.train.steps,
+        "trainer.profile.start_step",
+        f"steps {p.start_step}..{last} end past the job's last step (train.steps "
+        f"{cfg.train.steps})",
+    )

@@ -8,6 +8,11 @@ from protos.rules import check, check_ranges
 
 # #14: the post-training kinds (trainer/rl/, docs/rlhf.md).
 RL_KINDS = (job_pb2.REWARD, job_pb2.DPO, job_pb2.PPO)
+# The kinds that run the one training loop (trainer/loop.py; trainer/jobs' registry maps each
+# to trainer/jobs/train.py): what a training-only field (trainer.profile) applies to.
+TRAINING_KINDS = (
+    job_pb2.PRETRAIN, job_pb2.SFT, job_pb2.VLM, *RL_KINDS, job_pb2.DISTILL
+)  # fmt: skip
 
 
 def validate_rl(cfg: trainer_config_pb2.TrainerConfig, kind: job_pb2.JobKind) -> None:

@@ -475,3 +475,34 @@ def test_serve_exposure_and_limits_are_checked(serve, message):
 )
 def test_serve_exposure_that_is_allowed(serve):
     validate_job_spec(serve_spec(**serve))
+
+
+@pytest.mark.parametrize(
+    "kind, fields, message",
+    [
+        (job_pb2.PRETRAIN, {"steps": 1001}, "trainer.profile.steps: 1,001 is not in [0, 1,000]"),
+        (job_pb2.PRETRAIN, {"steps": 2, "start_step": 0}, "trainer.profile.start_step: 0 is not"),
+        (
+            job_pb2.PRETRAIN,
+            {"steps": 5, "start_step": 198},
+            "trainer.profile.start_step: steps 198..202 end past the job's last step (train.steps"
+            " 200)",
+        ),
+        (
+            job_pb2.EVAL,
+            {"steps": 2},
+            "trainer.profile.steps: profiles training steps, and EVAL jobs take none",
+        ),
+    ],
+)
+def test_a_profile_names_its_field(kind, fields, message):
+    spec = spec_with(kind=kind)
+    for name, value in fields.items():
+        setattr(spec.trainer.profile, name, value)
+    assert error(spec).startswith(message)
+
+
+def test_a_profile_defaults_off_and_fits_its_job():
+    assert validate_job_spec(spec_with()).profile.steps == 0
+    cfg = validate_job_spec(spec_with(trainer__profile__steps=3, trainer__train__steps=7))
+    assert (cfg.profile.start_step, cfg.profile.steps, cfg.profile.top_ops) == (5, 3, 15)

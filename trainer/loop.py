@@ -30,6 +30,7 @@ from trainer.metrics import Goodput, MetricsLogger, peak_memory_bytes, process_s
 from trainer.recipe import BatchCounts, Recipe
 from trainer.sizing import flops
 from trainer.step import agree_counts, batch_positions, engine_step, is_logged, train_step
+from trainer.step_profiler import StepProfiler
 
 
 def trainer_parallel_wire():
@@ -77,6 +78,7 @@ class Trainer(LoopCheckpoints):
         self.guard = LossGuard(spike_factor, t.max_bad_steps)
         self.noise = GradientNoiseScale()
         self.health = HealthMonitor(cfg, env, self.parallelism, self.run_dir, log)
+        self.profiler = StepProfiler(cfg.profile, self.run_dir, env, log)  # trainer.profile
         self.goodput = Goodput(process_start_time())
         self.metrics = MetricsLogger(
             self.run_dir,
@@ -103,7 +105,9 @@ class Trainer(LoopCheckpoints):
     # ------------------------------------------------------------------ one step
 
     def _micro_batches(self) -> list[dict]:
-        return [next(self.loader) for _ in range(self.cfg.train.grad_accum)]
+        with self.profiler.data_wait():
+            self.health.faults.before_data()  # fault injection (tests, the guide)
+            return [next(self.loader) for _ in range(self.cfg.train.grad_accum)]
 
     def train_step(
         self, batches: list[dict], counts: list[BatchCounts], n_tokens: float
@@ -139,9 +143,12 @@ class Trainer(LoopCheckpoints):
         self.health.start()
         try:
             while self.step < self.cfg.train.steps:
-                if self.advance(first_step) is Outcome.PREEMPTED:
+                with self.profiler.step(self.step + 1):
+                    outcome = self.advance(first_step)
+                if outcome is Outcome.PREEMPTED:
                     return Outcome.PREEMPTED
         finally:
+            self.profiler.close()
             self.health.stop()
         if self.step > first_step:
             self.log(f"saved {self.save()}")

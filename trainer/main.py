@@ -23,7 +23,7 @@ from pathlib import Path
 
 from google.protobuf import json_format
 
-from protos import attempt_pb2, job_pb2, paths, run_refs
+from protos import attempt_pb2, job_pb2, paths, provenance, run_refs
 from protos.config_yaml import ConfigError, load_job_spec
 from protos.exit_codes import ExitCode
 from protos.precook_steps import PrecookStep
@@ -114,6 +114,10 @@ def _run(args) -> ExitCode:
     env = distributed.init()
     log = make_log(run_dir, env.is_main)
     log(f"{kind} job {spec.name or '(unnamed)'} -> {run_dir}")
+    if env.is_main:  # which code this is: the MLflow run's tags, `kitchen diff`
+        version = provenance.code_version()
+        provenance.record_code(str(run_dir), attempt.number, version)
+        log(f"code: {version.commit or '(commit unknown)'} ({version.how})")
     client = None
     if attempt.launcher and env.is_main:
         from trainer.progress_client import ProgressClient

@@ -73,7 +73,7 @@ def cmd_track_import(args, out) -> int:
     for warning in run.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     job = run.job
-    tags = {**records.job_tags(job), **records.checkpoint_tags(job.run_dir)}
+    tags = {**records.job_tags(job), **records.run_dir_tags(job.run_dir)}
     params = records.spec_params(job.spec)
     batch = Batch(
         job.id, records.experiment_name(job.spec.team), tags, params, run.points,

@@ -2,6 +2,7 @@
 through the real `kitchen` command line, on run directories in the trainer's own format."""
 
 import io
+import json
 import random
 
 import pytest
@@ -12,7 +13,7 @@ from launcher.settings import embedded_tracking_uri
 from launcher.tracking import diff
 from launcher.tracking.run_dir import read_run
 from launcher.tracking.testing import write_run
-from protos import job_pb2
+from protos import job_pb2, provenance
 
 STEPS = 50
 
@@ -110,3 +111,39 @@ def test_diff_of_runs_that_agree(tmp_path, other_seed):
         assert f"identical at all {STEPS} shared steps" in out
     else:  # the same run up to noise: noise alone must not count as parting
         assert "the curves do not part" in out
+
+
+def _provenance(run_dir, commit: str, digest: str) -> None:
+    """What the trainer records (protos/provenance.py), and a profile (trainer.profile)."""
+    dataset = run_dir / "dataset"
+    dataset.mkdir()
+    (dataset / "manifest.json").write_text(json.dumps({"key": digest}))
+    provenance.record_code(str(run_dir), 1, provenance.CodeVersion(commit, "git work tree /src"))
+    provenance.record_dataset(str(run_dir), str(dataset))
+    (run_dir / "profile").mkdir()
+    (run_dir / "profile" / "trace_rank0.json").write_text('{"traceEvents": []}')
+    (run_dir / "profile" / "profile.md").write_text("Profile of steps 5-6\n")
+
+
+def test_commit_dataset_digest_and_profile_reach_the_run_and_the_diff(tmp_path):
+    write_run(tmp_path / "a", "job-a", _spec(3e-4), _losses(1))
+    write_run(tmp_path / "b", "job-b", _spec(3e-4), _losses(1))
+    _provenance(tmp_path / "a", "a" * 40, "d1" * 32)
+    _provenance(tmp_path / "b", "b" * 40 + "-dirty", "d2" * 32)
+    state = str(tmp_path / "state")
+    assert _kitchen("track", "import", str(tmp_path / "b"), "--state-dir", state)[0] == 0
+    client = MlflowClient(embedded_tracking_uri(state))
+    experiment = client.get_experiment_by_name("kitchen/nlp")
+    assert experiment is not None
+    (run,) = client.search_runs([experiment.experiment_id])
+    tags = run.data.tags
+    assert tags["kitchen.git_commit"] == tags["mlflow.source.git.commit"] == "b" * 40 + "-dirty"
+    assert tags["kitchen.dataset_digest"] == "d2" * 32
+    assert tags["kitchen.dataset"] == str(tmp_path / "b" / "dataset")
+    profile = {a.path for a in client.list_artifacts(run.info.run_id, "profile")}
+    assert profile == {"profile/profile.md", "profile/trace_rank0.json"}
+    out = _kitchen("diff", str(tmp_path / "a"), str(tmp_path / "b"))[1]
+    rows = {line[:19].strip(): line[19:].split() for line in out.splitlines()}
+    assert rows["code commit"] == ["a" * 40, "b" * 40 + "-dirty"]
+    assert rows["dataset digest"] == ["d1" * 6, "d2" * 6]  # shortened, as git shortens commits
+    assert "identical at all" in out  # the same curve, other code and data: the diff says so

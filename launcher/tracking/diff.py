@@ -2,7 +2,8 @@
 
 What decides a run: its spec as run (every config field, defaults applied: records.spec_params,
 the same params its MLflow run holds, so the data sources, the seed and the checkpoint it starts
-from are among them), the image it ran in and the checkpoints it wrote (their digests).
+from are among them), the code's commit, the image it ran in, the precooked dataset it read and
+the checkpoints it wrote (their digests): the MLflow run's tags, from the run directory.
 
 Where the losses part: over the steps both logged, the first step from which |loss_A - loss_B|
 stays above PART_SIGMAS times the noise for PART_STEPS logged steps in a row. The noise of one
@@ -51,12 +52,15 @@ class RunDiff:
 
 
 def _identity(run: Run) -> dict[str, str]:
-    tags = {**records.job_tags(run.job), **records.checkpoint_tags(run.job.run_dir)}
+    tags = {**records.job_tags(run.job), **records.run_dir_tags(run.job.run_dir)}
+    digest = tags.get("kitchen.dataset_digest", "-")
     return {
         "job": tags.get(records.JOB_ID_TAG, "-"),
         "run dir": run.job.run_dir,
+        "code commit": tags.get("kitchen.git_commit", "-"),
         "image": tags.get("kitchen.image", "(host)"),
         "image digest": tags.get("kitchen.image_digest", "-"),
+        "dataset digest": digest[:12] if digest != "-" else digest,  # as git shortens commits
         "last checkpoint": _last_checkpoint(tags),
     }
 

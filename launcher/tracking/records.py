@@ -6,8 +6,12 @@
   (the one metric table: the same fields the Prometheus exporter exports), keyed by field name,
   plus an eval job's scores as `eval/<task>/<metric>`. A report carries only what it measured
   (proto3: 0 is "not in this report"), so zero values are not logged;
-- tags: who and what (`kitchen.job_id`, kind, team, owner, image) and the digests that decide a
-  run (image digest when the reference pins one, each checkpoint's file digests).
+- tags: who and what (`kitchen.job_id`, kind, team, owner, image) and what decides a run:
+  the image digest when the reference pins one; from the run directory (`run_dir_tags`), each
+  checkpoint's file digests and what the trainer recorded in provenance.json (protos/
+  provenance.py): the git commit of the code it ran (also as MLflow's own
+  `mlflow.source.git.commit`, which the run page shows) and the precooked dataset's digest;
+- artifacts: the plots, each checkpoint's manifest, and a profile's traces and table.
 """
 
 import json
@@ -16,10 +20,10 @@ from dataclasses import asdict, dataclass
 
 from google.protobuf import json_format
 
-from protos import defaults, job_pb2, metric_catalog, progress_pb2
+from protos import defaults, job_pb2, metric_catalog, progress_pb2, provenance
 from protos.enums import enum_name
 from protos.metric_catalog import Source
-from protos.paths import checkpoint_dirs
+from protos.paths import PROFILE_DIR, checkpoint_dirs
 
 JOB_ID_TAG = "kitchen.job_id"
 AXIS_FIELDS = ("step", "total_steps")  # MLflow's x axis (every value's step), not metrics
@@ -109,15 +113,47 @@ def checkpoint_tags(run_dir: str) -> dict[str, str]:
     return tags
 
 
+def provenance_tags(run_dir: str) -> dict[str, str]:
+    """The code's commit and the dataset's digest, as the trainer recorded them."""
+    facts = provenance.read(run_dir)
+    tags = {}
+    code = [c for c in facts.get("code", []) if isinstance(c, dict)]
+    if code:
+        newest = code[-1]
+        tags["kitchen.git_commit"] = str(newest.get("commit") or "unknown")
+        tags["kitchen.code"] = str(newest.get("how", ""))
+        if newest.get("commit"):
+            tags["mlflow.source.git.commit"] = str(newest["commit"])
+        if len(code) > 1:  # attempts that ran different code
+            tags["kitchen.git_commits"] = json.dumps(
+                [{"attempt": c.get("attempt"), "commit": c.get("commit")} for c in code]
+            )
+    dataset = facts.get("dataset")
+    if isinstance(dataset, dict):
+        tags["kitchen.dataset"] = str(dataset.get("path", ""))
+        tags["kitchen.dataset_digest"] = str(dataset.get("digest", ""))
+    return {k: v[:MAX_TAG_VALUE] for k, v in tags.items() if v}
+
+
+def run_dir_tags(run_dir: str) -> dict[str, str]:
+    """Every tag read from the run directory: checkpoint digests and provenance."""
+    return {**checkpoint_tags(run_dir), **provenance_tags(run_dir)} if run_dir else {}
+
+
 def run_artifacts(run_dir: str) -> list[tuple[str, str]]:
-    """(file, artifact directory) a finished run uploads: its plots and each checkpoint's
-    meta.json (the manifest: files, digests, step; never the weights)."""
+    """(file, artifact directory) a finished run uploads: its plots, each checkpoint's
+    meta.json (the manifest: files, digests, step; never the weights) and a profile's files
+    (trainer.profile: every rank's Chrome trace, the table)."""
     if not run_dir or not os.path.isdir(run_dir):
         return []
     out = [(os.path.join(run_dir, n), "plots") for n in sorted(os.listdir(run_dir))]
     out = [(path, d) for path, d in out if path.endswith(".png")]
     for path in checkpoint_dirs(run_dir):
         out.append((os.path.join(path, "meta.json"), f"checkpoints/{os.path.basename(path)}"))
+    profile = os.path.join(run_dir, PROFILE_DIR)
+    if os.path.isdir(profile):  # not a save's .tmp file (dot-named)
+        names = sorted(n for n in os.listdir(profile) if not n.startswith("."))
+        out += [(os.path.join(profile, n), PROFILE_DIR) for n in names]
     return out
 
 

@@ -98,14 +98,14 @@ class Tracker:
             batch.points.extend(points)
 
     def job_ended(self, job: job_pb2.Job) -> None:
-        """A final state: the values still buffered, then the plots, checkpoint manifests and
-        digests, and the run's status."""
+        """A final state: the values still buffered, then the plots, checkpoint manifests,
+        profile, the digests and commit from the run directory, and the run's status."""
         status = STATUS.get(job.state)
         if status is None:  # preempted or retried: the run goes on
             return
         self._flush_buffer()
         artifacts = records.run_artifacts(job.run_dir)
-        tags = records.checkpoint_tags(job.run_dir) if job.run_dir else {}
+        tags = records.run_dir_tags(job.run_dir)
         experiment = records.experiment_name(job.spec.team)
         self._put(Batch(job.id, experiment, tags, artifacts=artifacts, status=status))
 

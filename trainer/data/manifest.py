@@ -17,11 +17,12 @@ from typing import Any, ClassVar, TypeVar
 
 from protos import files
 from protos.files import FileDigest
+from protos.paths import PRECOOK_MANIFEST
 from trainer.data.curate import Curation
 from trainer.data.mixture import SourceStats
 
 FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+MANIFEST = PRECOOK_MANIFEST  # protos/paths.py: the launcher reads a dataset's digest too
 _OMIT_IF_NONE = {"omit_if_none": True}  # field metadata: absent from the JSON when None
 
 

@@ -1,6 +1,8 @@
 """Fault injection, for tests and the reliability guide only: never set in production.
 
     KITCHEN_FAULTS="slow:1:0.2"       rank 1 spends 0.2 s more on every step's compute
+    KITCHEN_FAULTS="slowdata:0:0.2"   rank 0 waits 0.2 s more for every step's batches (a slow
+                                      data loader: what a profile's data-loader wait shows)
     KITCHEN_FAULTS="bitflip:2:5"      after step 5, rank 2 flips one bit of one weight
     KITCHEN_FAULTS="block:3:4"        rank 3 stops for good at the start of step 4
     KITCHEN_FAULTS="replayflip:0:6"   rank 0 flips one weight bit in the first of the two
@@ -24,6 +26,7 @@ ENV = "KITCHEN_FAULTS"
 
 class FaultKind(enum.Enum):
     SLOW = "slow"  # value: extra seconds of compute per step
+    SLOW_DATA = "slowdata"  # value: extra seconds reading each step's batches
     BITFLIP = "bitflip"  # value: the step after which one weight bit flips
     BLOCK = "block"  # value: the step at whose start the rank stops
     REPLAY_BITFLIP = "replayflip"  # value: the replay-checked step whose first run is corrupted
@@ -39,6 +42,7 @@ class Fault:
     def __str__(self) -> str:
         what = {
             FaultKind.SLOW: f"{self.value:g} s more compute per step",
+            FaultKind.SLOW_DATA: f"{self.value:g} s more reading each step's batches",
             FaultKind.BITFLIP: f"one weight bit flipped after step {self.value:g}",
             FaultKind.BLOCK: f"blocked for good at the start of step {self.value:g}",
             FaultKind.REPLAY_BITFLIP: (
@@ -93,6 +97,11 @@ class Injector:
         if self._value(FaultKind.BLOCK) == step:
             while True:
                 time.sleep(3600)
+
+    def before_data(self) -> None:
+        """While a step's batches are read."""
+        if seconds := self._value(FaultKind.SLOW_DATA):
+            time.sleep(seconds)
 
     def before_compute(self) -> None:
         if seconds := self._value(FaultKind.SLOW):

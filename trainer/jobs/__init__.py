@@ -6,6 +6,7 @@ import importlib
 
 from protos import job_pb2
 from protos.exit_codes import ExitCode
+from protos.validation_kinds import TRAINING_KINDS
 from trainer.jobs.context import JobContext
 
 TRAIN = "trainer.jobs.train:run"
@@ -13,13 +14,7 @@ TRAIN = "trainer.jobs.train:run"
 # job kind -> "module:function", imported when a job of that kind runs
 JOBS: dict[int, str] = {
     job_pb2.PRECOOK: "trainer.jobs.precook:run",
-    job_pb2.PRETRAIN: TRAIN,
-    job_pb2.SFT: TRAIN,
-    job_pb2.VLM: TRAIN,
-    job_pb2.REWARD: TRAIN,
-    job_pb2.DPO: TRAIN,
-    job_pb2.PPO: TRAIN,
-    job_pb2.DISTILL: TRAIN,
+    **dict.fromkeys(TRAINING_KINDS, TRAIN),
     job_pb2.EVAL: "trainer.jobs.evaluate:run",
     job_pb2.GENERATE: "trainer.jobs.generate:run",
     job_pb2.SERVE: "trainer.jobs.serve:run",

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from protos import attempt_pb2, job_pb2, paths, trainer_config_pb2
+from protos import attempt_pb2, job_pb2, paths, provenance, trainer_config_pb2
 
 if TYPE_CHECKING:
     from trainer.distributed import DistEnv
@@ -106,6 +106,8 @@ def precook(ctx: JobContext):
         )
     else:
         log(f"dataset {ds.path} ({'cache hit' if ds.cache_hit else 'built'})")
+    if env.is_main:  # its digest: the MLflow run's tags, `kitchen diff`
+        provenance.record_dataset(str(ctx.run_dir), ds.path)
     return ds
 
 
