@@ -189,12 +189,7 @@ OTHER_SENSES = {
     ("policy", "precook_scale.md"): "a job's retry policy",
     ("shard", "precook_scale.md"): "a CI test shard",
     ("shard", "parallelism.md"): "to split a tensor across ranks",
-}
-# First uses in guides other helpers are rewriting now (#34): each waits for a glossary link
-# there. The test fails when one is fixed, so that the list only shrinks.
-KNOWN_GAPS = {
-    ("hang", "launcher.md"),
-    ("alert", "serve.md"),
+    ("epoch", "launcher.md"): "a leader lease's epoch (its fencing token), not a pass over data",
 }
 
 
@@ -280,7 +275,7 @@ def test_every_glossary_term_is_explained_or_linked_at_first_use():
     # The guides in reading order; docs/README.md is their index, whose table previews each
     # guide's words and sends the reader to the glossary before any of them.
     guides = [g for _, g, _ in reading_path()]
-    wrong, gaps = [], set()
+    wrong = []
     for term in glossary_terms():
         use = first_use(term, guides)
         if use is None:
@@ -290,17 +285,12 @@ def test_every_glossary_term_is_explained_or_linked_at_first_use():
         linked = target == f"glossary.md#{term.anchor}" or target.split("#")[0] == term.defined_in
         if guide == term.defined_in or linked:
             continue
-        if (term.name, guide) in KNOWN_GAPS:
-            gaps.add((term.name, guide))
-            continue
         wrong.append(
             f"docs/{guide}:{number}: first use of {term.name!r} in reading order: link it, "
             f"[{term.phrases[0]}](glossary.md#{term.anchor}), or explain it in "
             f"docs/{term.defined_in} (the glossary's 'seen in') before"
         )
     assert not wrong, "\n".join(wrong)
-    fixed = set(KNOWN_GAPS) - gaps
-    assert not fixed, f"no longer gaps, remove them from KNOWN_GAPS: {sorted(fixed)}"
 
 
 def test_term_phrases():
