@@ -4,24 +4,22 @@ from its last checkpoint (8 steps), chat prompts, preference pairs and VLM scene
 Every `kinds_*_test` starts from the same base, so Bazel builds it once, as an action
 (BUILD.bazel: `kinds_base`, a tarball cached like any output), and each test unpacks it:
 
-    kinds_base OUT.tar   # build the base in a temporary directory and pack it into OUT.tar
+    make_kinds_base OUT.tar   # build the base in a temporary directory and pack it into OUT.tar
 
-Nothing in the base depends on where it was built: the data cache is keyed by file contents
-(trainer/data/cache.py) and the tests name the checkpoints by path under the unpacked root.
+The data cache is keyed by file contents (trainer/data/cache.py), the tests name checkpoints by
+path under the unpacked root, and trainer/testing.unpack_tree points the checkpoints' datasets
+there.
 """
 
-import io
 import json
-import os
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
-from protos import files
 from trainer.testing import (
     chat_file,
+    pack_tree,
     sft_job,
     subprocess_env,
     tiny_job,
@@ -66,51 +64,13 @@ def build(root: Path) -> Path:
     return root
 
 
-def _normalized(info: tarfile.TarInfo) -> tarfile.TarInfo:
-    """No owner or time in the archive: the same files give the same bytes."""
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    info.mtime = 0
-    return info
-
-
-def pack(root: Path, out: Path) -> None:
-    """`root`'s files into the tarball `out` (sorted, relative names), written atomically."""
-    data = io.BytesIO()  # a few MB
-    with tarfile.open(fileobj=data, mode="w") as tar:
-        for dirpath, dirnames, filenames in os.walk(root):
-            dirnames.sort()
-            for name in sorted(filenames):
-                path = Path(dirpath) / name
-                tar.add(path, arcname=str(path.relative_to(root)), filter=_normalized)
-    files.write_atomic(str(out), data.getvalue())
-
-
-def unpack(tarball: Path, root: Path) -> Path:
-    """The base packed in `tarball`, under `root`. A checkpoint's meta.json names the dataset
-    it was trained on by absolute path (its tokenizer is read from there): each is pointed at
-    the same dataset under `root`."""
-    with tarfile.open(tarball) as tar:
-        tar.extractall(root, filter="data")
-    for meta_path in sorted(root.glob("*/checkpoints/*/meta.json")):
-        meta = json.loads(meta_path.read_text())
-        dataset = root / "cache" / "datasets" / Path(meta["dataset"]).name
-        if not dataset.is_dir():
-            raise FileNotFoundError(
-                f"{meta_path}: its dataset {meta['dataset']} is not in {tarball}"
-            )
-        meta["dataset"] = str(dataset)
-        files.write_atomic(str(meta_path), files.json_bytes(meta))
-    return root
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
-        print("usage: kinds_base OUT.tar", file=sys.stderr)
+        print("usage: make_kinds_base OUT.tar", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="kinds-base-") as tmp:
-        pack(build(Path(tmp)), Path(args[0]))
+        pack_tree(build(Path(tmp)), Path(args[0]))
     return 0
 
 

@@ -27,6 +27,7 @@ from trainer.testing import (
     torchrun,
     train_command,
     train_losses,
+    unpack_tree,
     wait_for_step,
     write_job,
 )
@@ -43,7 +44,7 @@ def base(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("base")
     tarball = os.environ.get("KINDS_BASE")
     if tarball:
-        return kinds_base.unpack(Path(tarball), root)
+        return unpack_tree(Path(tarball), root)
     return kinds_base.build(root)
 
 
