@@ -57,6 +57,8 @@ GUIDES = (
 # data, or the j2/j3 checkpoints, replays just those guides, so the groups run in parallel and
 # a slow guide fails alone. Job ids stay those of the full path: the replayed guides are its
 # prefix, and the guides after them start their jobs by hand (`//trainer:train --run-dir`).
+# The rlhf and interop groups start from the workspace that docs/BUILD.bazel's guides_prefix
+# action left after running their first guides the same way (GUIDES_PREFIX): trained once.
 GROUPS = {
     # README to images, the walkthrough; serve.md runs in the launcher guide's launcher (its
     # job is j3 there, after launcher.md's j1 and j2).
