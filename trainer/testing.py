@@ -1,11 +1,13 @@
 """Test helpers: a tiny job on a small real corpus, and the trainer run as a real process."""
 
+import io
 import json
 import os
 import socket
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 import torch
 import yaml
 
+from protos import files
 from protos.progress_log import is_training_step, read_progress_log
 
 
@@ -66,6 +69,48 @@ def sft_job(cache_dir, chat: Path, pretrained: Path, *, steps=8) -> dict:
         eval_fraction=0.05,
     )
     return job
+
+
+BUILT_AT = ".built_at"  # in a fixture tarball: the directory it was packed from
+
+
+def _ownerless(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def pack_tree(root: Path, out: Path) -> None:
+    """`root` (a fixture trained once by a Bazel action) into the tarball `out`, written
+    atomically: sorted names, no owner, mtimes kept (run references order runs by them), and
+    `root` itself in BUILT_AT, for unpack_tree."""
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w") as tar:
+        tar.add(root, arcname=".", filter=_ownerless)  # tarfile adds a directory's names sorted
+        built_at = tarfile.TarInfo(BUILT_AT)
+        path = os.path.abspath(root).encode()
+        built_at.size = len(path)
+        tar.addfile(_ownerless(built_at), io.BytesIO(path))
+    files.write_atomic(str(out), data.getvalue())
+
+
+def unpack_tree(tarball: Path, root: Path) -> Path:
+    """pack_tree's tarball under `root`. A checkpoint's meta.json names the dataset it was
+    trained on by absolute path (its tokenizer is read from there): each under the packed
+    directory is pointed at the same dataset under `root`."""
+    with tarfile.open(tarball) as tar:
+        tar.extractall(root, filter="data")
+    built_at = (root / BUILT_AT).read_text()
+    for meta_path in sorted(root.glob("**/checkpoints/*/meta.json")):
+        meta = json.loads(meta_path.read_text())
+        rel = os.path.relpath(meta["dataset"], built_at)
+        if rel.startswith(".."):
+            raise ValueError(f"{meta_path}: its dataset {meta['dataset']} is not in {tarball}")
+        meta["dataset"] = str(root / rel)
+        packed = meta_path.parent.stat()  # run references order checkpoints by mtime
+        files.write_atomic(str(meta_path), files.json_bytes(meta))
+        os.utime(meta_path.parent, ns=(packed.st_atime_ns, packed.st_mtime_ns))
+    return root
 
 
 def write_job(path, job: dict) -> Path:

@@ -9,7 +9,6 @@ VLM align and finetune, reward, DPO, PPO, GRPO, distill. Each kind is its own Ba
   checkpoint, and a bit flipped in a replay-checked step is caught and rolled back.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -19,50 +18,34 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer.recipes import kinds_base
+from trainer.recipes.kinds_base import run
 from trainer.testing import (
-    chat_file,
     final_weights,
-    sft_job,
     subprocess_env,
     tiny_job,
     torchrun,
     train_command,
     train_losses,
+    unpack_tree,
     wait_for_step,
     write_job,
 )
-from trainer.vlm.testing import vlm_job, write_scenes
+from trainer.vlm.testing import vlm_job
 
 STEPS = 6  # a checkpoint every 2
 
 
-def run(config: Path, run_dir: Path, faults: str = "") -> subprocess.CompletedProcess:
-    env = dict(subprocess_env(), KITCHEN_FAULTS=faults)
-    args = train_command("--config", config, "--run-dir", run_dir)
-    result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    return result
-
-
 @pytest.fixture(scope="module")
 def base(tmp_path_factory) -> Path:
-    """A pretrained and an SFT checkpoint, chat prompts and preference pairs (built once)."""
+    """A pretrained and an SFT checkpoint, chat prompts, preference pairs and scenes: under
+    Bazel, unpacked from the tarball every kinds test shares (KINDS_BASE, built once by
+    BUILD.bazel's kinds_base); run by hand, built here."""
     root = tmp_path_factory.mktemp("base")
-    cache = root / "cache"
-    run(write_job(root / "pre.yaml", tiny_job(cache, steps=8)), root / "pre")
-    chat = chat_file(root / "chat.jsonl")
-    sft = sft_job(cache, chat, root / "pre/checkpoints/step_00000008", steps=8)
-    run(write_job(root / "sft.yaml", sft), root / "sft")
-    with open(root / "prefs.jsonl", "w") as f:
-        for i in range(60):
-            pair = {
-                "prompt": f"What is {i} plus {i}?",
-                "chosen": f"{i} plus {i} is {2 * i}.",
-                "rejected": f"{i} plus {i} is {2 * i + 1}",
-            }
-            f.write(json.dumps(pair) + "\n")
-    write_scenes(root, count=40)
-    return root
+    tarball = os.environ.get("KINDS_BASE")
+    if tarball:
+        return unpack_tree(Path(tarball), root)
+    return kinds_base.build(root)
 
 
 def text(base: Path, kind: str) -> dict:
@@ -71,7 +54,7 @@ def text(base: Path, kind: str) -> dict:
 
 def rl(base: Path, kind: str, rl_section: dict, **train) -> dict:
     spec = tiny_job(base / "cache", kind=kind, steps=STEPS, train=train)
-    spec["trainer"]["checkpoint"] = {"path": str(base / "sft/checkpoints/step_00000008")}
+    spec["trainer"]["checkpoint"] = {"path": str(base / kinds_base.SFT)}
     spec["trainer"]["rl"] = rl_section
     return spec
 
@@ -88,13 +71,13 @@ def sft(base: Path) -> dict:
         tokenizer="bpe_file",
         tokenizer_path=str(next((base / "cache" / "datasets").iterdir()) / "tokenizer.json"),
     )
-    spec["trainer"]["checkpoint"] = {"path": str(base / "pre/checkpoints/step_00000008")}
+    spec["trainer"]["checkpoint"] = {"path": str(base / kinds_base.PRETRAINED)}
     return spec
 
 
 def distill(base: Path) -> dict:
     spec = text(base, "DISTILL")
-    spec["trainer"]["distill"] = {"teacher_path": str(base / "pre/checkpoints/step_00000008")}
+    spec["trainer"]["distill"] = {"teacher_path": str(base / kinds_base.PRETRAINED)}
     return spec
 
 
