@@ -5,13 +5,10 @@ generation tasks and RL rollouts. It reads the model's live parameters: nothing 
 
 `step()` is one iteration of the model over the running batch. Between steps requests join
 (admitted from the queue while there are free blocks and token budget) and leave (finished,
-aborted): the batch never waits for its slowest member, unlike a static batch.
-
-Each step spends at most `max_batch_tokens`: every decoding request first (one token each),
-then prefill, in chunks, of requests still reading their prompt, then new admissions: a long
-prompt arriving never stalls the running streams (serve.chunked_prefill; off, a prompt is
-prefilled in one piece, past the budget if it must, and the streams wait for that step). A
-request takes KV-cache blocks only as it grows.
+aborted): the batch never waits for its slowest member, unlike a static batch. Which requests
+run in a step, with how many tokens, and which is preempted when blocks run out is the
+scheduler's (scheduler.py: the token budget, chunked prefill, admission, preemption by
+recompute); the engine runs what it schedules, samples and verifies drafts.
 
 With serve.prefix_caching, a request admitted first takes the cached blocks of the longest
 prefix of its tokens it shares with earlier requests (kv_cache.py: content-addressed full
@@ -35,13 +32,6 @@ expression), its logits are masked to the tokens its grammar allows before it sa
 greedy one's drafts are cut to what the grammar allows and verified under the same mask at
 each position (grammar.py), and a sampled one does not speculate.
 
-When a decoding request needs a block and none is free, the newest running request is
-preempted: its blocks are freed and it goes back to the front of the queue, to be recomputed
-(prompt + what it generated so far, as a prefill) when blocks free up. Nothing is dropped; its
-generated tokens and its sampler's state are kept. A request that could never finish is
-refused at `add` (admission.py): the context and the pool must hold it at its longest, so
-every admitted request can run alone to its end, and none holds the queue back forever.
-
 A served VLM's request carries an image (#16): the step that first schedules it runs the
 encoder over every new image in one batch, and the projected vectors fill the request's first
 positions as it prefills, chunked and cached in blocks like text, kept across a preemption.
@@ -62,7 +52,6 @@ the logits).
 import enum
 import hashlib
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -73,7 +62,7 @@ from protos import trainer_config_pb2
 from trainer.inference.admission import check_fits
 from trainer.inference.detokenize import detokenize, stop_strings
 from trainer.inference.grammar import Constraint, Grammars, Matcher, Vocabulary, masked
-from trainer.inference.kv_cache import PagedKVCache, block_hashes
+from trainer.inference.kv_cache import PagedKVCache
 from trainer.inference.paged_model import Run, forward_step
 from trainer.inference.sampling import (
     TopLogprobs,
@@ -82,7 +71,8 @@ from trainer.inference.sampling import (
     sample,
     token_logprobs,
 )
-from trainer.inference.speculative import DraftModel, ngram_draft, verify_sampled
+from trainer.inference.scheduler import Scheduler
+from trainer.inference.speculative import DraftModel, verify_sampled
 from trainer.model import Transformer
 
 # The token id at an image's positions of a request's token list: any valid id, its embedding
@@ -211,18 +201,13 @@ class Engine:
             caching=cfg.prefix_caching,
         )
         self.device = p.device
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
-        self.preemptions = 0
         self.finished = 0
-        self.prompt_tokens = 0  # admitted since the start, and of those read from the cache
-        self.cached_tokens = 0
         self.drafted = 0  # speculative tokens proposed since the start, and of those accepted
         self.accepted = 0
         self._pending: list[Output] = []  # outputs of requests ended between steps (aborts)
         self.grammars = Grammars(grammar) if grammar is not None else None
         self.drafter = None if draft is None else DraftModel(draft, model, max_len, cfg, vocab)
-        self._proposing: list[tuple[Request, int]] = []  # this step's draft-model requests
+        self.scheduler = Scheduler(cfg, self.cache, max_len, self.drafter)
         self._draft_dists: dict[Request, torch.Tensor | None] = {}
 
     def add(self, request: Request) -> None:
@@ -241,11 +226,11 @@ class Engine:
         request.generator = gen.manual_seed(seed) if seed is not None else gen
         if seed is None:
             gen.seed()
-        self.waiting.append(request)
+        self.scheduler.waiting.append(request)
 
     def abort(self, request_id: str) -> bool:
         """Ends a request wherever it is, freeing its blocks. False when it is unknown."""
-        for queue in (self.running, self.waiting):
+        for queue in (self.scheduler.running, self.scheduler.waiting):
             for r in queue:
                 if r.id == request_id:
                     queue.remove(r)
@@ -255,26 +240,27 @@ class Engine:
         return False
 
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self._pending)
+        q = self.scheduler
+        return bool(q.running or q.waiting or self._pending)
 
     def step(self) -> list[Output]:
         """One model iteration over the scheduled requests; their outputs."""
         outputs, self._pending = self._pending, []
-        scheduled = self._schedule()
+        scheduled = self.scheduler.schedule()
         if not scheduled:
             return outputs
-        if self._proposing:
+        proposing, self.scheduler.proposing = self.scheduler.proposing, []
+        if proposing:  # the draft model's drafts for the requests scheduled with one
             assert self.drafter is not None
-            dists = self.drafter.propose(self._proposing)
-            self._draft_dists = {r: d for (r, _), d in zip(self._proposing, dists, strict=True)}
-            for r, _ in self._proposing:
-                if r.matcher is not None:  # greedy (_draft): a forbidden token is never kept
+            dists = self.drafter.propose(proposing)
+            self._draft_dists = {r: d for (r, _), d in zip(proposing, dists, strict=True)}
+            for r, _ in proposing:
+                if r.matcher is not None:  # greedy (scheduler.draft): forbidden is never kept
                     r.draft = r.matcher.valid_prefix(r.draft)
             # a draft cut by its grammar runs fewer tokens than were scheduled
             scheduled = [
                 (r, 1 + len(r.draft) if r in self._draft_dists else n) for r, n in scheduled
             ]
-            self._proposing = []
         self._encode_images([r for r, _ in scheduled])
         runs = [
             Run(self._new_tokens(r, n), r.computed, r.table, _image_run(r, n), 1 + len(r.draft))
@@ -290,7 +276,7 @@ class Engine:
                 row += n
                 continue
             r.computed += n
-            self._name_blocks(r)
+            self.scheduler.name_blocks(r)
             if r.computed == r.length:  # else a prefill chunk: the prompt is not all read yet
                 ready.append((row, r))
             row += 1
@@ -309,8 +295,9 @@ class Engine:
             outputs.append(self._append(r, token))
         for row, r in drafted:
             outputs += self._verify(r, logits[row : row + 1 + len(r.draft), : self.vocab])
-        if any(r.finish is not None for r in self.running):
-            self.running = [r for r in self.running if r.finish is None]
+        q = self.scheduler
+        if any(r.finish is not None for r in q.running):
+            q.running = [r for r in q.running if r.finish is None]
         return outputs
 
     @staticmethod
@@ -320,29 +307,6 @@ class Engine:
         if r.draft:
             return r.tokens[r.computed : r.computed + 1] + r.draft
         return r.tokens[r.computed : r.computed + n]
-
-    def _draft(self, r: Request, room: int) -> int:
-        """How many speculative tokens a decoding request runs this step (speculative.py),
-        their blocks taken; none when off, out of budget or blocks, or near its end. A prompt
-        lookup draft is r.draft now; a draft model's is proposed once the step is scheduled."""
-        p = r.params
-        k = min(self.cfg.speculative_tokens, room, p.max_tokens - len(r.output) - 1)
-        k = min(k, self.max_len - r.length - 1)
-        if k <= 0 or (r.matcher is not None and p.temperature > 0):
-            # a sampled constrained request does not speculate: the rejection rule would need
-            # the grammar's mask on both distributions at each drafted position
-            return 0
-        if self.drafter is not None:
-            if not (self._fits(r, 1 + k) and self.drafter.reserve(r, k)):
-                return 0
-            self._proposing.append((r, k))
-            return k
-        draft = ngram_draft(r.tokens, k)
-        if r.matcher is not None:  # a token the grammar forbids could never be kept
-            draft = r.matcher.valid_prefix(draft)
-        if draft and self._fits(r, 1 + len(draft)):
-            r.draft = draft
-        return len(r.draft)
 
     def _verify(self, r: Request, rows: torch.Tensor) -> list[Output]:
         """Greedy: keeps r's draft up to its first token that is not the model's greedy
@@ -375,7 +339,7 @@ class Engine:
             outputs.append(self._append(r, token))
             if r.finish is not None:
                 return outputs
-        self._name_blocks(r)  # now that its tokens hold the accepted ones
+        self.scheduler.name_blocks(r)  # now that its tokens hold the accepted ones
         return outputs
 
     @staticmethod
@@ -401,110 +365,6 @@ class Engine:
             embeds = self.embed_images(torch.stack([r.image for r in new]).to(self.device))
             for r, e in zip(new, embeds, strict=True):
                 r.image_embeds = e
-
-    def _schedule(self) -> list[tuple[Request, int]]:
-        """(request, new tokens) for this step, under the token budget; preempts when a
-        decoding request finds no free block."""
-        budget = self.cfg.max_batch_tokens
-        scheduled: list[tuple[Request, int]] = []
-        decoding = [r for r in self.running if r.length - r.computed == 1]
-        preempted = False
-        for r in decoding:
-            if budget == 0:
-                break
-            if preempted and r not in self.running:
-                continue  # preempted below, to make room for an older request
-            while not self._fits(r, 1):
-                victim = self.running[-1]
-                self._preempt(victim)
-                preempted = True
-                if victim is r:
-                    break
-            if not preempted or r in self.running:
-                n = 1 + self._draft(r, budget - 1)
-                scheduled.append((r, n))
-                budget -= n
-        for r in self.running:
-            left = r.length - r.computed
-            if left > 1 and budget > 0:
-                n = self._chunk(r, left, budget)
-                if n:
-                    scheduled.append((r, n))
-                    budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_running:
-            r = self.waiting[0]
-            self._reuse_prefix(r)
-            n = self._chunk(r, r.length - r.computed, budget)
-            if not n:
-                self._release(r)  # the cached blocks too: nothing is held while waiting
-                break  # no free block: it waits for one (admission never preempts)
-            self.waiting.popleft()
-            self.running.append(r)
-            scheduled.append((r, n))
-            budget -= n
-            if r.cached_tokens is None:  # its first admission
-                r.cached_tokens = r.computed
-                self.prompt_tokens += len(r.prompt)
-                self.cached_tokens += r.computed
-        if not scheduled and self.running:  # every running request waits for a block
-            self._preempt(self.running[-1])
-            return self._schedule()
-        return scheduled
-
-    def _fits(self, r: Request, n: int) -> bool:
-        """Grows r's block table to hold n more positions, if the blocks are there."""
-        if r.computed + n <= len(r.table) * self.cache.block_size:
-            return True  # its last block has room
-        if self.cache.blocks_for(r.computed + n) - len(r.table) > self.cache.allocator.free:
-            return False
-        self.cache.grow(r.table, r.computed + n)
-        return True
-
-    def _chunk(self, r: Request, left: int, budget: int) -> int:
-        """How many of r's `left` prompt tokens to prefill now, their blocks taken (0: none):
-        as many as the budget and the free blocks allow, or without chunked prefill all of
-        them or none."""
-        free_positions = (len(r.table) + self.cache.allocator.free) * self.cache.block_size
-        n = min(left, budget) if self.cfg.chunked_prefill else left
-        n = min(n, free_positions - r.computed)
-        if n <= 0 or (n < left and not self.cfg.chunked_prefill):
-            return 0
-        self.cache.grow(r.table, r.computed + n)
-        return n
-
-    def _reuse_prefix(self, r: Request) -> None:
-        """A request about to be admitted takes the cached blocks of its longest cached prefix
-        (full blocks, leaving at least its last token to compute: its logits are needed)."""
-        if not self.cfg.prefix_caching or r.table:
-            return
-        full = (r.length - 1) // self.cache.block_size
-        names = block_hashes(r.tokens, self.cache.block_size, full, r.block_names, r.root)
-        r.table = self.cache.allocator.lookup(names[:full])
-        r.named = len(r.table)
-        r.computed = r.named * self.cache.block_size
-
-    def _name_blocks(self, r: Request) -> None:
-        """Registers the blocks r has filled since the last step under their names."""
-        full = r.computed // self.cache.block_size
-        if not self.cfg.prefix_caching or full <= r.named:
-            return
-        block_hashes(r.tokens, self.cache.block_size, full, r.block_names, r.root)
-        for i in range(r.named, full):
-            self.cache.allocator.register(r.table[i], r.block_names[i])
-        r.named = full
-
-    def _release(self, r: Request) -> None:
-        self.cache.release(r.table)
-        if self.drafter is not None:
-            self.drafter.release(r)
-        r.computed = r.named = 0
-
-    def _preempt(self, r: Request) -> None:
-        self.running.remove(r)
-        self._release(r)
-        r.preemptions += 1
-        self.preemptions += 1
-        self.waiting.appendleft(r)
 
     def _append(self, r: Request, token: int) -> Output:
         p = r.params
@@ -532,7 +392,7 @@ class Engine:
     def _end(self, r: Request, finish: FinishReason) -> None:
         r.finish = finish
         r.image_embeds = r.matcher = None
-        self._release(r)
+        self.scheduler.release(r)
         self.finished += 1
 
 

@@ -103,7 +103,7 @@ def test_preempted_requests_are_recomputed_not_dropped(model):
     # 12 blocks of 4 tokens: not enough for 8 requests of up to 30 + 40 tokens at once.
     engine = make_engine(model, num_blocks=24, block_size=4, max_batch_tokens=32)
     got = run_all(engine, [greedy(p, i, max_tokens=40) for i, p in enumerate(ps)])
-    assert engine.preemptions > 0
+    assert engine.scheduler.preemptions > 0
     for i, p in enumerate(ps):
         assert got[f"r{i}"] == reference(model, p, 40), f"request {i}"
     assert engine.cache.allocator.used == 0

@@ -140,7 +140,7 @@ def plain(model) -> dict[bool, dict[str, Answer]]:
             num_blocks=256,
             block_size=16,
         )
-        assert engine.preemptions == 0 and engine.cached_tokens == 0
+        assert engine.scheduler.preemptions == 0 and engine.scheduler.cached_tokens == 0
         answers[structured] = got
     return answers
 
@@ -202,8 +202,8 @@ def test_every_combination_equals_the_plain_engine(
         torch.testing.assert_close(got[rid][1], logprobs, rtol=0, atol=1e-4)
         assert [[i for i, _ in t] for t in got[rid][2]] == [[i for i, _ in t] for t in top]
         torch.testing.assert_close(got[rid][2], top, rtol=0, atol=1e-4)
-    assert (engine.preemptions > 0) == small_pool
-    assert (engine.cached_tokens > 0) == prefix
+    assert (engine.scheduler.preemptions > 0) == small_pool
+    assert (engine.scheduler.cached_tokens > 0) == prefix
     assert (engine.accepted > 0) == (speculation != "off")  # drafts were kept, and so checked
     assert engine.cache.allocator.used == 0
     if engine.drafter is not None:

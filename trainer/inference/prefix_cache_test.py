@@ -54,7 +54,7 @@ def check_blocks_against_tables(engine: Engine) -> None:
     """The pool's figures equal what the running requests' block tables say."""
     pool = engine.cache.allocator
     holders: dict[int, int] = {}
-    for r in engine.running:
+    for r in engine.scheduler.running:
         for b in r.table:
             holders[b] = holders.get(b, 0) + 1
     assert pool.used == len(holders) and pool.free == pool.num_blocks - len(holders)
@@ -103,6 +103,6 @@ def test_block_and_cached_token_figures_equal_a_recomputation(model):
         chats = [r.prompt + r.output + [rng.randrange(EOS) for _ in range(3)] for r in batch]
     pool = engine.cache.allocator
     assert pool.cached == len(computed)  # every distinct full block named once, none evicted
-    assert engine.cached_tokens == sum(r.cached_tokens or 0 for r in seen) > 0
-    assert engine.prompt_tokens == sum(len(r.prompt) for r in seen)
+    assert engine.scheduler.cached_tokens == sum(r.cached_tokens or 0 for r in seen) > 0
+    assert engine.scheduler.prompt_tokens == sum(len(r.prompt) for r in seen)
     assert pool.used == 0 and pool.free == pool.num_blocks

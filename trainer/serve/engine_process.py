@@ -137,16 +137,16 @@ def run_engine(conn: Connection, spec_bytes: bytes) -> None:
     def stats() -> EngineStats:
         allocator, grammars = engine.cache.allocator, engine.grammars
         return EngineStats(
-            len(engine.running),
-            len(engine.waiting),
+            len(engine.scheduler.running),
+            len(engine.scheduler.waiting),
             allocator.used,
             allocator.free,
-            engine.preemptions,
+            engine.scheduler.preemptions,
             engine.finished,
             received,
             allocator.shared,
-            engine.prompt_tokens,
-            engine.cached_tokens,
+            engine.scheduler.prompt_tokens,
+            engine.scheduler.cached_tokens,
             engine.drafted,
             engine.accepted,
             grammars.seconds if grammars else 0.0,

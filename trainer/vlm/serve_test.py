@@ -162,17 +162,17 @@ def test_the_engine_batches_image_and_text_requests_through_preemption(reference
     for r in requests:
         engine.add(r)
     kinds = []  # per step: whether it ran text requests (True), image requests (False)
-    schedule = engine._schedule
+    schedule = engine.scheduler.schedule
 
     def watched_schedule():
         scheduled = schedule()
         kinds.append({r.image is None for r, _ in scheduled})
         return scheduled
 
-    engine._schedule = watched_schedule  # type: ignore[method-assign]
+    engine.scheduler.schedule = watched_schedule  # type: ignore[method-assign]
     while engine.has_work():
         engine.step()
-    assert engine.preemptions > 0 and {True, False} in kinds
+    assert engine.scheduler.preemptions > 0 and {True, False} in kinds
     assert all(r.finish is not None for r in requests)
     got = [tok.decode([t for t in r.output if t != tok.eos_id]) for r in requests[:3]]
     assert got == [greedy(reference, png) for png in pngs]
