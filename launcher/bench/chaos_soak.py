@@ -22,7 +22,6 @@ Figures:
 import argparse
 import dataclasses
 import os
-import platform
 import random
 import signal
 import statistics
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import psycopg
 
+from launcher.bench.machine import machine
 from launcher.client import Client
 from launcher.server import LOST_LEASE_EXIT
 from launcher.testdata import harness as h
@@ -270,17 +270,6 @@ class Soak:
         return "\n".join(lines), Outcome(lost, twice, terminal, len(jobs), f)
 
 
-def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"{cpu}, {os.cpu_count()} CPUs, load average {load}"
-
-
 def soak(argv: list[str]) -> tuple[str, Outcome]:
     """Runs the soak `argv` describes (main's flags); the report in Markdown, and its figures."""
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -307,7 +296,7 @@ def soak(argv: list[str]) -> tuple[str, Outcome]:
             for r in run.replicas:
                 r.stop()
     text = (
-        f"## Chaos soak, {started}\n\n{machine()}; Python {platform.python_version()}; "
+        f"## Chaos soak, {started}\n\n{machine()}; "
         f"flags: {' '.join(argv) or '(defaults)'}\n\n{body}"
     )
     return text, outcome

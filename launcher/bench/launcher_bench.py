@@ -19,13 +19,13 @@ import argparse
 import contextlib
 import functools
 import os
-import platform
 import sys
 import tempfile
 import threading
 import time
 
 from launcher import scheduler, settings
+from launcher.bench.machine import machine
 from launcher.client import Client
 from launcher.controller import Controller
 from launcher.events import JobEvents
@@ -275,17 +275,6 @@ def scheduler_passes(tmp, pending, repeats):
     )
     store.close()
     return out, ratios
-
-
-def machine():
-    cpu = platform.processor() or "?"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    return f"{cpu}, {os.cpu_count()} CPUs, load average {load}; Python {platform.python_version()}"
 
 
 def command(p: argparse.ArgumentParser, args) -> str:

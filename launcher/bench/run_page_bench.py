@@ -10,7 +10,6 @@ fresh page load each). Prints the medians, their ratio and how many points the c
 
 import json
 import os
-import platform
 import random
 import statistics
 import subprocess
@@ -25,6 +24,7 @@ from selenium.webdriver.chrome.options import Options
 from selenium.webdriver.chrome.service import Service
 
 from launcher import cli
+from launcher.bench.machine import machine
 from launcher.settings import embedded_tracking_uri
 from launcher.tracking.commands import ui_command
 from launcher.tracking.testing import free_port, write_run
@@ -81,11 +81,7 @@ def main() -> None:
         driver.quit()
         ui.terminate()
         ui.wait(30)
-    load = os.getloadavg()[0]
-    print(
-        f"# {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, load average {load:.1f}, MLflow {mlflow.__version__}"
-    )
+    print(f"# {time.strftime('%Y-%m-%d')}, {machine()}, MLflow {mlflow.__version__}")
     short, long = (statistics.median(times[f"steps-{n}"]) for n in (50, 10_000))
     for n, median in ((50, short), (10_000, long)):
         name = f"steps-{n}"

@@ -20,7 +20,6 @@ tracked jobs' wall time: the share of one core the writer took while they traine
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import time
 
 from mlflow.tracking import MlflowClient
 
+from launcher.bench.machine import machine
 from launcher.client import Client
 from launcher.server import Launcher
 from launcher.settings import embedded_tracking_uri
@@ -90,7 +90,7 @@ def main(argv=None) -> None:
     warmup.CopyFrom(spec)
     warmup.name, warmup.trainer.train.steps = "warmup", 5
     warmup.trainer.train.eval_every = warmup.trainer.checkpoint.every_steps = 0
-    load = os.getloadavg()
+    machine_at_start = machine()  # the load before the jobs add their own
     launchers = {tracked: launcher(os.path.join(root, str(tracked)), tracked) for tracked in (1, 0)}
     clients = {tracked: Client(x.address) for tracked, x in launchers.items()}
     times: dict[int, list[float]] = {1: [], 0: []}
@@ -135,9 +135,7 @@ def main(argv=None) -> None:
     lines = [
         f"## {time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))} UTC, tracking on beside off",
         "",
-        f"Run on {platform.processor() or platform.machine()} ({cpu_model()}), {os.cpu_count()} "
-        f"CPUs, load average {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f} at the start; Python "
-        f"{platform.python_version()}. Command: `bazel run //launcher/bench:tracking_bench -- "
+        f"Run on {machine_at_start}. Command: `bazel run //launcher/bench:tracking_bench -- "
         f"--rounds {args.rounds}{f' --steps {args.steps}' if args.steps else ''}`. Main job: "
         f"{MAIN_JOB} with log_every 1 "
         f"({spec.trainer.train.steps} steps, each reported), {args.rounds} jobs per side in ABBA "
@@ -165,17 +163,6 @@ def main(argv=None) -> None:
     if args.out:
         with open(user_path(args.out), "a", encoding="utf-8") as f:
             f.write("\n" + text)
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":

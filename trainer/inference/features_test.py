@@ -43,6 +43,7 @@ from trainer.inference.testing import (
     json_decode,
     json_encode,
     json_vocabulary,
+    perturbed,
     serve_config,
     tiny_model,
 )
@@ -70,12 +71,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def draft(model):
-    """The target perturbed: a draft that agrees with it often, not always."""
-    draft = tiny_model(MAX_LEN)
-    with torch.no_grad():
-        for d, t in zip(draft.parameters(), model.parameters(), strict=True):
-            d.copy_(t + 0.03 * torch.randn_like(t))
-    return draft
+    return perturbed(model, 0.03, MAX_LEN)
 
 
 def first_wave(structured: bool) -> list[list[int]]:

@@ -27,6 +27,17 @@ def tiny_model(max_seq_len: int = 96, seed: int = 0, vocab: int = VOCAB) -> Tran
     return model.eval()
 
 
+def perturbed(target: Transformer, noise: float, max_seq_len: int) -> Transformer:
+    """A draft model for speculative decoding: tiny_model's shape, with the target's weights
+    plus Gaussian noise of std `noise` (after tiny_model's seed: the same draft every time), so
+    that it agrees with the target often, not always."""
+    draft = tiny_model(max_seq_len)
+    with torch.no_grad():
+        for d, t in zip(draft.parameters(), target.parameters(), strict=True):
+            d.copy_(t + noise * torch.randn_like(t))
+    return draft
+
+
 def decode(ids: list[int]) -> str:
     """One letter per token id (BOS and EOS are no text)."""
     return "".join(chr(ord("a") + i % 26) for i in ids if i not in (BOS, EOS))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from trainer.generate import generate
-from trainer.inference.testing import BOS, EOS, decode, encode, tiny_model
+from trainer.inference.testing import BOS, EOS, decode, encode, perturbed, tiny_model
 from trainer.serve.testing import start_server
 
 torch.set_num_threads(1)
@@ -34,10 +34,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def server(model):
-    draft = tiny_model(MAX_LEN)
-    with torch.no_grad():  # the target, perturbed: agrees often, not always
-        for d, t in zip(draft.parameters(), model.parameters(), strict=True):
-            d.copy_(t + 0.03 * torch.randn_like(t))
+    draft = perturbed(model, 0.03, MAX_LEN)  # agrees with the model often, not always
     s = start_server(model, draft=draft, speculative_tokens=4)
     yield s
     assert s.stop()
