@@ -299,3 +299,19 @@ def test_term_phrases():
     assert terms["decode / prefill"] == ["decode", "prefill"]
     assert terms["layer (image)"] == []  # `layer` is the plain term's
     assert terms["vocabulary (V)"] == ["vocabulary"]
+
+
+# Where the series Kitchen exports are declared: the catalog of what trainers report, the
+# launcher's own, and a serve job's /metrics. Read as text: a series is a "kitchen_..." literal.
+SERIES_SOURCES = ("protos/metric_catalog.py", "launcher/metrics.py", "trainer/serve/metrics.py")
+
+
+def test_every_exported_series_is_in_the_observability_guide():
+    doc = (DOCS / "observability.md").read_text()
+    missing = []
+    for source in SERIES_SOURCES:
+        text = (DOCS.parent / source).read_text()
+        for name in sorted(set(re.findall(r'"(kitchen_[a-z0-9_]+)"', text))):
+            if name not in doc:
+                missing.append(f"{name} ({source})")
+    assert not missing, "docs/observability.md does not name: " + ", ".join(missing)
