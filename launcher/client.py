@@ -17,7 +17,7 @@ import uuid
 import grpc
 
 from launcher.settings import DEFAULT_LISTEN
-from protos import launcher_pb2, launcher_pb2_grpc
+from protos import launcher_addresses, launcher_pb2, launcher_pb2_grpc
 
 SUBMIT_RETRIES = 5
 
@@ -25,7 +25,7 @@ SUBMIT_RETRIES = 5
 class Client:
     def __init__(self, address=None, token=None, tls_ca=None):
         self.address = address or os.environ.get("KITCHEN_LAUNCHER") or DEFAULT_LISTEN
-        self.addresses = [a.strip() for a in self.address.split(",") if a.strip()]
+        self.addresses = launcher_addresses.split(self.address)
         if not self.addresses:
             raise ValueError(f"launcher address: none in {self.address!r}")
         token = token or os.environ.get("KITCHEN_TOKEN")

@@ -37,14 +37,22 @@ def postgres_server():
 
 
 def replicas(tmp_path, dsn: str, names=("a", "b")) -> list[h.LauncherProcess]:
+    """Replicas that know each other's addresses: their trainers report to whichever leads."""
+    addresses = [f"127.0.0.1:{h.free_port()}" for _ in names]
     store = launcher_pb2.StoreConfig(
         postgres=launcher_pb2.PostgresStore(
-            dsn_env="KITCHEN_PG_DSN", replicas=True, lease_seconds=LEASE_SECONDS
+            dsn_env="KITCHEN_PG_DSN",
+            replicas=True,
+            lease_seconds=LEASE_SECONDS,
+            replica_addresses=addresses,
         )
     )
     cfg = h.config(tmp_path, nodes=1, store=store)
     env = {"KITCHEN_PG_DSN": dsn}
-    return [h.LauncherProcess(tmp_path, cfg, env=env, name=name) for name in names]
+    return [
+        h.LauncherProcess(tmp_path, cfg, env=env, name=name, listen=address)
+        for name, address in zip(names, addresses, strict=True)
+    ]
 
 
 def leader(dsn: str) -> tuple[int, str]:
@@ -101,6 +109,8 @@ def test_the_leader_killed_the_other_replica_adopts_its_jobs(postgres_server, tm
         assert cli.main(watch, io.StringIO()) == 0  # the stream to a fails: followed on b
 
         ran_once(h.wait_for(client, long.id, h.FINAL, timeout=60), STEPS)
+        # its trainer's stream moved to b, which leads now: b saw its last steps
+        assert client.get(long.id).progress.step == STEPS
         done = [h.wait_for(client, j.id, h.FINAL, timeout=60) for j in (first, second)]
         for job in done:
             ran_once(job, 2)

@@ -157,6 +157,17 @@ def _resolve_store(cfg: launcher_pb2.LauncherConfig) -> None:
     pg.lease_seconds = pg.lease_seconds or DEFAULT_LEASE_SECONDS
     if not 0.5 <= pg.lease_seconds <= 3600:
         raise ConfigError("store.postgres.lease_seconds", "between 0.5 and 3600 seconds")
+    if pg.replica_addresses and not pg.replicas:
+        raise ConfigError(
+            "store.postgres.replica_addresses", "only with replicas: true (one launcher has no "
+            "other address for its trainers to report to)",
+        )  # fmt: skip
+    for i, address in enumerate(pg.replica_addresses):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit() or "," in address:
+            raise ConfigError(
+                f"store.postgres.replica_addresses[{i}]", f"{address!r} is not HOST:PORT"
+            )
     store_dsn(cfg)  # readable and set, now rather than when the store opens
 
 

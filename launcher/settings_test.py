@@ -90,3 +90,22 @@ def test_the_postgres_connection_string_comes_from_a_file_or_the_environment(tmp
     path.write_text("")
     assert refused(tmp_path, store=by_file) == f"store.postgres.dsn_file: {path} is empty"
     assert "hunter2" not in message + neither
+
+
+def test_replica_addresses_are_host_port_and_only_for_replicas(tmp_path, monkeypatch):
+    monkeypatch.setenv("KITCHEN_TEST_DSN", "postgresql:///kitchen")
+
+    def pg(**fields):
+        pg = launcher_pb2.PostgresStore(dsn_env="KITCHEN_TEST_DSN", **fields)
+        return launcher_pb2.StoreConfig(postgres=pg)
+
+    both = ["127.0.0.1:50061", "127.0.0.1:50062"]
+    assert refused(tmp_path, store=pg(replica_addresses=both)).startswith(
+        "store.postgres.replica_addresses: only with replicas: true"
+    )
+    bad = pg(replicas=True, replica_addresses=["127.0.0.1:50061", "127.0.0.1"])
+    assert refused(tmp_path, store=bad) == (
+        "store.postgres.replica_addresses[1]: '127.0.0.1' is not HOST:PORT"
+    )
+    resolved = resolve(tmp_path, store=pg(replicas=True, replica_addresses=both))
+    assert list(resolved.store.postgres.replica_addresses) == both

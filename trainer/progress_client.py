@@ -6,24 +6,28 @@ waits on it and never dies of it. When the launcher answers `stop`, `stop_reques
 and the loop checkpoints and exits as if preempted.
 
 What the stream needs comes in the attempt's handoff (kitchen.v1.Attempt): the launcher's
-address, the file holding this attempt's bearer token (when the launcher has auth on; the token
-is read from the file, never from argv or the environment) and the certificate to trust (when
-it serves TLS).
+address (several with replicas: a failed stream moves to the next, and a replica that does not
+lead refuses it, so the stream settles on the leader, the one that started this attempt or the
+one that adopted it after a failover), the file holding this attempt's bearer token (when the
+launcher has auth on; the token is read from the file, never from argv or the environment) and
+the certificate to trust (when it serves TLS).
 """
 
 import queue
 import threading
 import time
 
-from protos import attempt_pb2
+from protos import attempt_pb2, launcher_addresses
 
 QUEUE_SIZE = 256
+STALE_POLL_SECONDS = 0.2  # under the reconnect backoff (0.5 s): a dead stream lets go first
 _CLOSE = object()
 
 
 class ProgressClient:
     def __init__(self, attempt: attempt_pb2.Attempt, log=print):
-        self.address = attempt.launcher
+        self.addresses = launcher_addresses.split(attempt.launcher)
+        self.address = self.addresses[0] if self.addresses else ""
         self.tls_ca = attempt.tls_ca
         self.token = ""
         if attempt.token_file:
@@ -56,11 +60,17 @@ class ProgressClient:
         self.send(_CLOSE)
         self.thread.join(timeout)
 
-    def _requests(self, first):
+    def _requests(self, first, alive: threading.Event):
+        """One stream's records. It stops taking from the queue once its stream is over
+        (`alive` cleared): gRPC's thread may still be waiting on it, and a record it took then
+        would be lost instead of going out on the next stream."""
         if first is not None:
             yield first
-        while True:
-            item = self.queue.get()
+        while alive.is_set():
+            try:
+                item = self.queue.get(timeout=STALE_POLL_SECONDS)
+            except queue.Empty:
+                continue
             if item is _CLOSE:
                 return
             self.pending = item
@@ -83,10 +93,16 @@ class ProgressClient:
         self.pending = None
         metadata = [("authorization", f"Bearer {self.token}")] if self.token else None
         while not self.closed.is_set() or not self.queue.empty():
+            alive = threading.Event()
+            alive.set()
             try:
                 with self._channel(grpc) as channel:
                     stub = launcher_pb2_grpc.LauncherStub(channel)
-                    response = stub.ReportProgress(self._requests(self.pending), metadata=metadata)
+                    requests = self._requests(self.pending, alive)
+                    try:
+                        response = stub.ReportProgress(requests, metadata=metadata)
+                    finally:
+                        alive.clear()  # before any backoff: the next stream starts clean
                 if response.stop:
                     self.log("launcher asked this job to stop: checkpointing")
                     self.stop_requested.set()
@@ -100,5 +116,8 @@ class ProgressClient:
                         f"progress stream to {self.address} failed ({e.code().name}); retrying"
                     )
                     warned = True
+                if len(self.addresses) > 1:  # the next replica: it may lead now
+                    i = self.addresses.index(self.address)
+                    self.address = self.addresses[(i + 1) % len(self.addresses)]
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)

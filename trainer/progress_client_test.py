@@ -4,15 +4,17 @@ a launcher that is down costs the run nothing."""
 import socket
 import subprocess
 import threading
+import time
 from concurrent import futures
 
 import grpc
 import pytest
 import torch
 
-from protos import launcher_pb2, launcher_pb2_grpc, progress_pb2
+from protos import attempt_pb2, launcher_pb2, launcher_pb2_grpc, progress_pb2
 from protos.exit_codes import ExitCode
 from trainer import main
+from trainer.progress_client import ProgressClient
 from trainer.testing import tiny_job, write_attempt
 
 torch.set_num_threads(1)
@@ -113,3 +115,41 @@ def test_progress_over_tls_when_the_launcher_serves_it(tmp_path, cache, launcher
     servicer, address = launcher(tls=(key, cert))
     assert run(tmp_path, cache, address, steps=2, tls_ca=str(cert)) == ExitCode.OK
     assert [p.step for p in servicer.received if p.phase == "train"] == [1, 2]
+
+
+class Follower(launcher_pb2_grpc.LauncherServicer):
+    """A launcher replica that does not lead: refuses progress, as launcher/service.py does."""
+
+    def __init__(self):
+        self.refused = 0
+
+    def ReportProgress(self, request_iterator, context):
+        self.refused += 1
+        context.abort(grpc.StatusCode.UNAVAILABLE, "ReportProgress: this replica is not the leader")
+
+
+def test_a_stream_given_replicas_settles_on_the_one_that_leads(launcher):
+    leader, leader_address = launcher()
+    follower = Follower()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    launcher_pb2_grpc.add_LauncherServicer_to_server(follower, server)
+    follower_address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        attempt = attempt_pb2.Attempt(launcher=f"{follower_address},{leader_address}")
+        client = ProgressClient(attempt, log=lambda line: None)
+        client.send(progress_pb2.Progress(job_id="job-7", attempt=1, step=1))
+        deadline = time.monotonic() + 30
+        while not follower.refused and time.monotonic() < deadline:
+            time.sleep(0.05)  # the follower refuses
+        time.sleep(1.0)  # past the backoff: the stream is on the leader
+        for step in (2, 3):
+            client.send(progress_pb2.Progress(job_id="job-7", attempt=1, step=step))
+        client.close(timeout=30)
+    finally:
+        server.stop(grace=None)
+    assert follower.refused >= 1  # tried first, refused
+    # Every record sent once the stream is on the leader arrives (the refused stream's reader
+    # takes none of them: it got step 2 before it let go), in order; step 1 went out on the
+    # refused stream and is lost unless it was still the one in hand (best effort).
+    assert [p.step for p in leader.received] in ([2, 3], [1, 2, 3])

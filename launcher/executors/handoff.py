@@ -16,7 +16,7 @@ import os
 
 from google.protobuf import json_format
 
-from protos import attempt_pb2, job_pb2, launcher_pb2
+from protos import attempt_pb2, job_pb2, launcher_addresses, launcher_pb2
 from protos.attempt_file import ATTEMPT_FILE
 from protos.files import write_atomic
 from protos.paths import precook_cache_dir
@@ -40,7 +40,7 @@ def attempt_message(
         spec=spec,
         run_dir=job.run_dir,
         cache_dir=precook_cache_dir(job.spec.trainer.data, cfg.state_dir, job.spec.team),
-        launcher=cfg.advertise,
+        launcher=launcher_addresses.join([cfg.advertise, *cfg.store.postgres.replica_addresses]),
         token_file=token_file,
         tls_ca=cfg.tls_cert,
     )

@@ -17,6 +17,7 @@ that no step ran twice at once and that a retry resumed from the checkpoint.
 """
 
 import argparse
+import itertools
 import json
 import os
 import queue
@@ -28,7 +29,7 @@ import time
 import grpc
 from google.protobuf import json_format
 
-from protos import attempt_pb2, launcher_pb2_grpc, progress_pb2
+from protos import attempt_pb2, launcher_addresses, launcher_pb2_grpc, progress_pb2
 from protos.exit_codes import ExitCode
 from protos.files import write_atomic
 
@@ -41,13 +42,15 @@ def _reporter(attempt, attempt_queue):
     if attempt.token_file:
         with open(attempt.token_file) as f:
             metadata = [("authorization", f"Bearer {f.read().strip()}")]
-    while True:
+    addresses = launcher_addresses.split(attempt.launcher)  # replicas: each in turn
+    for tried in itertools.count():
+        address = addresses[tried % len(addresses)]
         if attempt.tls_ca:
             with open(attempt.tls_ca, "rb") as ca:
                 credentials = grpc.ssl_channel_credentials(ca.read())
-            channel = grpc.secure_channel(attempt.launcher, credentials)
+            channel = grpc.secure_channel(address, credentials)
         else:
-            channel = grpc.insecure_channel(attempt.launcher)
+            channel = grpc.insecure_channel(address)
 
         def messages():
             while True:

@@ -168,9 +168,10 @@ def free_port() -> int:
 class LauncherProcess:
     """`python -m launcher.server` in its own process, so that it can be killed with -9."""
 
-    def __init__(self, tmp_path, cfg, env=None, name="launcher"):
-        """`name` tells replicas apart: its config is NAME.yaml, its log NAME.log."""
-        cfg.listen = f"127.0.0.1:{free_port()}"  # the same port after a restart
+    def __init__(self, tmp_path, cfg, env=None, name="launcher", listen=""):
+        """`name` tells replicas apart: its config is NAME.yaml, its log NAME.log; `listen`
+        its address (a free port by default)."""
+        cfg.listen = listen or f"127.0.0.1:{free_port()}"  # the same port after a restart
         self.path = tmp_path / f"{name}.yaml"
         self.path.write_text(
             yaml.safe_dump(json_format.MessageToDict(cfg, preserving_proto_field_name=True))
