@@ -23,6 +23,7 @@ from trainer.bench.serve_bench import VOCAB, bench_model
 from trainer.inference.engine import Engine, Request, SamplingParams
 from trainer.inference.kv_cache import PagedKVCache
 from trainer.inference.paged_model import StepBatch
+from trainer.inference.scheduler import Scheduler
 
 # The parts of a step: functions whose cumulative time is counted (disjoint: none calls
 # another), and the two tensor ops that do the arithmetic.
@@ -33,7 +34,7 @@ PARTS: dict[str, str | tuple[Callable[..., object], ...]] = {
     ),
     "paged KV cache: write, gather whole blocks": (PagedKVCache.write, PagedKVCache.gather),
     "the step's index tensors (StepBatch)": (StepBatch.__init__,),
-    "scheduling (token budget, blocks)": (Engine._schedule,),
+    "scheduling (token budget, blocks)": (Scheduler.schedule,),
     "sampling (one argmax / per request)": (Engine._sample,),
     "detokenize, stop strings, outputs": (Engine._append,),
 }
