@@ -27,7 +27,7 @@ _CLOSE = object()
 class ProgressClient:
     def __init__(self, attempt: attempt_pb2.Attempt, log=print):
         self.addresses = launcher_addresses.split(attempt.launcher)
-        self.address = self.addresses[0] if self.addresses else ""
+        self._current = 0  # the address streamed to now
         self.tls_ca = attempt.tls_ca
         self.token = ""
         if attempt.token_file:
@@ -40,6 +40,10 @@ class ProgressClient:
         self.dropped = 0
         self.thread = threading.Thread(target=self._run, name="progress-stream", daemon=True)
         self.thread.start()
+
+    @property
+    def address(self) -> str:
+        return self.addresses[self._current]
 
     def send(self, progress) -> None:
         """Queue one Progress; never blocks."""
@@ -116,8 +120,6 @@ class ProgressClient:
                         f"progress stream to {self.address} failed ({e.code().name}); retrying"
                     )
                     warned = True
-                if len(self.addresses) > 1:  # the next replica: it may lead now
-                    i = self.addresses.index(self.address)
-                    self.address = self.addresses[(i + 1) % len(self.addresses)]
+                self._current = (self._current + 1) % len(self.addresses)  # it may lead now
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 10.0)
