@@ -1,7 +1,7 @@
 """A published-style checkpoint: a bf16 LlamaForCausalLM whose embedding has more rows (832)
 than its tokenizer has ids (777), made here by transformers. It imports in bf16 with the same
-logits, exports back to the same tensors in the same dtype, and SFT, eval, generate and the
-engine run on it; the padded ids are never sampled."""
+logits, exports back to the same tensors in the same dtype, and SFT, eval, generate, the
+engine and distillation (as the teacher) run on it; the padded ids are never sampled."""
 
 import json
 from typing import Any
@@ -168,6 +168,15 @@ def test_sft_fine_tunes_the_padded_checkpoint(run):
     )
     tuned = checkpoint.verify(tmp / "sft" / "checkpoints" / "step_00000002", files=())
     assert tuned.vocab_size == ROWS
+
+
+def test_a_padded_teacher_distills_into_a_student_of_the_tokenizers_size(run):
+    tmp, _, _, path = run
+    train = {"steps": 2, "micro_batch": 4, "log_every": 1, "eval_every": 0}
+    distill = {"teacher_path": str(path)}
+    assert job(tmp, "distill", "DISTILL", "", train=train, distill=distill) == 0
+    student = checkpoint.verify(tmp / "distill" / "checkpoints" / "step_00000002", files=())
+    assert student.vocab_size == TOKENS  # the data's ids: the teacher's padding is not copied
 
 
 def engine_text(model, tok, params: SamplingParams, vocab) -> str:

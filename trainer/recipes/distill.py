@@ -6,8 +6,11 @@ trainer.data's packed rows, a frozen teacher checkpoint's next-token distributio
 
 T = distill.temperature softens both distributions so the student also learns which wrong
 tokens the teacher found likely; T^2 keeps the gradient's scale as T changes. The teacher
-must read the data's tokens (the same tokenizer). Everything else is the language-model
-recipe's: the data, the held-out eval (the student's own loss on the data), checkpoints."""
+must read the data's tokens (the same tokenizer, trainer/interop/vocab.py's rule: a teacher
+whose embedding is padded past that tokenizer, as published checkpoints are, is fine). Both
+distributions are over the tokenizer's ids only: padded rows, of either model, are no token.
+Everything else is the language-model recipe's: the data, the held-out eval (the student's
+own loss on the data), checkpoints."""
 
 from pathlib import Path
 from typing import Self
@@ -17,6 +20,8 @@ import torch.nn.functional as F
 
 from protos.config_yaml import ConfigError
 from trainer import checkpoint, moe
+from trainer.data.tokenizer import tokenizer_section
+from trainer.interop import vocab
 from trainer.model import attention_layout
 from trainer.recipes.lm import LanguageModelRecipe
 
@@ -38,12 +43,13 @@ class DistillRecipe(LanguageModelRecipe):
             teacher, meta = checkpoint.load_model(path, self.device, self.cfg.model.use_kernels)
         except checkpoint.CheckpointError as e:
             raise ConfigError(field, str(e)) from e
-        if meta.vocab_size != self.vocab_size:
+        if problem := vocab.dataset_problem(path, meta, self.dataset):
             raise ConfigError(
                 field,
-                f"{path} has a {meta.vocab_size}-token vocabulary, the data {self.vocab_size}: "
-                "precook the data with the teacher's tokenizer (tokenizer: BPE_FILE)",
+                f"{path} cannot read the data's tokens: {problem}; precook the data with the "
+                "teacher's tokenizer (tokenizer: BPE_FILE)",
             )
+        self.ids = tokenizer_section(self.dataset).vocab_size
         self.teacher = teacher.requires_grad_(False).eval()
         params = sum(p.numel() for p in teacher.parameters())
         self.teacher_line = f"teacher {path} ({meta.kind} step {meta.step}, {params / 1e6:.2f} M)"
@@ -61,6 +67,7 @@ class DistillRecipe(LanguageModelRecipe):
         labelled = b["labels"] != -100
         with torch.no_grad():
             teacher_logits = self.teacher(b["input_ids"], b["position_ids"], layout)[labelled]
+            teacher_logits = teacher_logits[:, : self.ids]
         d = self.cfg.distill
         T, alpha = d.temperature, d.alpha
 
@@ -69,7 +76,7 @@ class DistillRecipe(LanguageModelRecipe):
             logits = F.linear(h[labelled], student.output.weight).float()
             lm = F.cross_entropy(logits, b["labels"][labelled], reduction="sum")
             teacher_logp = F.log_softmax(teacher_logits.float() / T, -1)
-            student_logp = F.log_softmax(logits / T, -1)
+            student_logp = F.log_softmax(logits[:, : self.ids] / T, -1)
             kd = F.kl_div(student_logp, teacher_logp, log_target=True, reduction="sum")
             return moe.with_penalty(alpha * T * T * kd + (1 - alpha) * lm, penalty)
 

@@ -20,6 +20,7 @@ def recipe_with(student: Transformer, teacher: Transformer, alpha: float, temper
     cfg.distill.alpha, cfg.distill.temperature = alpha, temperature
     r = DistillRecipe.__new__(DistillRecipe)  # the loss needs only these
     r.cfg, r.device, r.dtype, r.teacher = cfg, torch.device("cpu"), torch.float32, teacher.eval()
+    r.ids = VOCAB  # the data tokenizer's ids
     return r
 
 
@@ -52,6 +53,22 @@ def test_a_teacher_with_the_students_weights_teaches_nothing(models):
     loss.backward()
     assert float(loss) == pytest.approx(0.0, abs=1e-4)
     assert max(float(p.grad.abs().max()) for p in student.parameters()) < 1e-5
+
+
+def test_a_teacher_padded_past_the_tokenizer_is_read_on_its_ids_only(models):
+    """A published teacher pads its embedding past the tokenizer (rows no token encodes to):
+    the same weights padded with 64 rows of noise teach nothing, as the unpadded ones."""
+    student, _, _ = models
+    cfg = resolve_trainer(job_spec_from_dict(tiny_job("/unused")).trainer)
+    padded = Transformer(cfg.model, VOCAB + 64)
+    rows = padded.state_dict()  # the embedding and the head: 64 rows past VOCAB
+    state = {
+        k: v if v.shape == rows[k].shape else torch.cat([v, 10 * torch.randn(64, *v.shape[1:])])
+        for k, v in student.state_dict().items()
+    }
+    padded.load_state_dict(state)
+    loss = recipe_with(student, padded, alpha=1.0, temperature=1.0).loss(student, batch())
+    assert float(loss) == pytest.approx(0.0, abs=1e-4)
 
 
 def test_alpha_0_is_the_language_model_loss(models):
