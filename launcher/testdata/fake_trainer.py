@@ -17,7 +17,6 @@ that no step ran twice at once and that a retry resumed from the checkpoint.
 """
 
 import argparse
-import itertools
 import json
 import os
 import queue
@@ -36,37 +35,60 @@ from protos.files import write_atomic
 stop_requested = threading.Event()
 
 
+STALE_POLL_SECONDS = 0.2  # under the reconnect pause (0.5 s): a dead stream lets go first
+
+
 def _reporter(attempt, attempt_queue):
-    """Streams progress to the launcher; reconnects on errors; never raises."""
+    """Streams progress to the launcher; reconnects on errors; never raises. As
+    trainer/progress_client.py does: the address is an index into the replica list, moved on at
+    each failed stream, and a stream stops taking from the queue once it is over (gRPC's thread
+    may still wait on it: a report it took then would be lost, not sent on the next stream);
+    the report in flight when a stream broke goes first on the next one."""
     metadata = None
     if attempt.token_file:
         with open(attempt.token_file) as f:
             metadata = [("authorization", f"Bearer {f.read().strip()}")]
     addresses = launcher_addresses.split(attempt.launcher)  # replicas: each in turn
-    for tried in itertools.count():
-        address = addresses[tried % len(addresses)]
+    current = 0  # the address streamed to now
+    pending: list = []  # the report taken but maybe not delivered
+
+    def messages(alive: threading.Event):
+        if pending:
+            yield pending[0]
+        while alive.is_set():
+            try:
+                item = attempt_queue.get(timeout=STALE_POLL_SECONDS)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            pending[:] = [item]
+            yield item
+            pending.clear()
+
+    while True:
+        address = addresses[current]
         if attempt.tls_ca:
             with open(attempt.tls_ca, "rb") as ca:
                 credentials = grpc.ssl_channel_credentials(ca.read())
             channel = grpc.secure_channel(address, credentials)
         else:
             channel = grpc.insecure_channel(address)
-
-        def messages():
-            while True:
-                item = attempt_queue.get()
-                if item is None:
-                    return
-                yield item
-
+        alive = threading.Event()
+        alive.set()
         try:
             stub = launcher_pb2_grpc.LauncherStub(channel)
-            response = stub.ReportProgress(messages(), metadata=metadata)
+            try:
+                response = stub.ReportProgress(messages(alive), metadata=metadata)
+            finally:
+                alive.clear()  # before the pause: the next stream starts clean
             if response.stop:
                 stop_requested.set()
             return
         except grpc.RpcError as e:
-            print(f"fake_trainer: progress stream failed: {e.code()}", file=sys.stderr, flush=True)
+            print(f"fake_trainer: progress stream to {address} failed: {e.code()}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            current = (current + 1) % len(addresses)  # the next replica: it may lead now
             time.sleep(0.5)
         finally:
             channel.close()
