@@ -7,8 +7,8 @@ token: the store refuses every job update whose epoch is not the row's (pg_store
 the same transaction that reads the row FOR SHARE, so a leader that was paused, partitioned or
 slow past its lease cannot change a job once another replica has taken over.
 
-A replica that is not the leader serves reads and takes submissions (rows in QUEUED the
-leader picks up, controller.py); a leader that finds its lease taken (a renewal or a write
+A replica that is not the leader serves reads and takes submissions and cancels (QUEUED rows
+and rows of cancel_requests the leader picks up, replica_inbox.py); a leader that finds its lease taken (a renewal or a write
 refused) stops the process at once, as Kubernetes controllers do: a supervisor restarts it
 as a follower. Takeover after a leader dies takes at most the lease plus a fifth of it (the
 followers' retry interval); a leader that stops cleanly hands the lease over at once.
