@@ -11,7 +11,9 @@ What it does wrong on purpose comes from `<behaviour-dir>/<job name>.json`:
   {"steps": 20, "step_seconds": 0.05, "checkpoint_every": 2,
    "crash_at": 3, "crash_attempts": [1],          exit 1 at step 3 on attempt 1
    "hang_at": 2, "hang_attempts": [1], "ignore_term": true,   stop reporting at step 2
-   "exit_code": 2}                                 exit with this code at once
+   "exit_code": 2,                                 exit with this code at once
+   "exec": ["python3", "-m", "trainer.main"]}      become this command (the real trainer:
+                                                   the chaos soak's sample of real jobs)
 Every step it runs is appended to `<run_dir>/steps.log` as "attempt step", so a test can see
 that no step ran twice at once and that a retry resumed from the checkpoint.
 """
@@ -108,6 +110,9 @@ def main():
         if os.path.exists(path):
             with open(path) as f:
                 behaviour = json.load(f)
+    if "exec" in behaviour:  # the same process (pid) becomes it, with the same handoff
+        command = [*behaviour["exec"], "--attempt", args.attempt]
+        os.execv(command[0], command)
     if "exit_code" in behaviour:
         print(f"fake_trainer: exiting with {behaviour['exit_code']} as told", flush=True)
         return behaviour["exit_code"]
