@@ -317,6 +317,10 @@ def soak(argv: list[str]) -> tuple[str, Outcome]:
         finally:
             for r in run.replicas:
                 r.stop()
+        if outcome.lost or outcome.twice or outcome.weights_differ:  # what the replicas said
+            for r in run.replicas:
+                tail = r.log_path.read_text(errors="replace").splitlines()[-60:]
+                print(f"--- {r.log_path.name} (last lines)", *tail, sep="\n", file=sys.stderr)
     text = (
         f"## Chaos soak, {started}\n\n{machine()}; "
         f"flags: {' '.join(argv) or '(defaults)'}\n\n{body}"
