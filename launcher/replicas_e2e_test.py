@@ -3,7 +3,7 @@
   running job (it finishes on its first attempt, each step once) and starts the queued ones in
   their order; the client, given both addresses, fails over; submissions taken by the
   follower are run by the leader, and a cancel sent to the follower is stored for the leader,
-  which acts on it (launcher/replica_inbox.py): the job ends CANCELLED;
+  which acts on it (launcher/replica_inbox.py): the job ends CANCELLED, queued or running;
 - the leader is paused (SIGSTOP) past its lease: the other takes over; resumed, the former
   leader finds its lease taken and exits without acting, and the job still runs once.
 Takeover times are printed, never asserted (they follow the machine's load); the soak
@@ -119,3 +119,27 @@ def test_a_paused_leader_cannot_act_once_replaced(postgres_server, tmp_path):
         a.stop()
         b.stop()
     assert "lost the leader lease" in a.log_path.read_text()
+
+
+def test_a_running_job_cancelled_through_the_follower(postgres_server, tmp_path):
+    dsn = postgres_server.create_database("cancel")
+    a, b = replicas(tmp_path, dsn)
+    h.behave(tmp_path, "long", steps=STEPS, step_seconds=0.15)
+    client = follower = None
+    try:
+        start_replicas(dsn, a, b)
+        client, follower = Client(a.address), Client(b.address)
+        long = client.submit(h.spec("long"))
+        h.wait_for_step(client, long.id, 3)
+        answered = follower.cancel(long.id)  # answered once the leader has acted on it
+        assert answered.stop == job_pb2.STOP_CANCEL or answered.state == job_pb2.CANCELLED
+        done = h.wait_for(client, long.id, h.FINAL, timeout=60)
+        assert (done.state, done.attempts) == (job_pb2.CANCELLED, 1), done
+        assert h.steps_log(done)[-1][1] < STEPS  # stopped mid-run
+    finally:
+        for c in (client, follower):
+            if c is not None:
+                c.close()
+        a.stop()
+        b.stop()
+    assert f"{long.id}: cancelled as another replica was asked to" in a.log_path.read_text()
