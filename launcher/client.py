@@ -6,8 +6,8 @@ SubmitJob is retried on UNAVAILABLE with the same request_id, so a retry never m
 second job.
 
 The address may name several launcher replicas, comma-separated ("h1:50051,h2:50051"): a
-unary call answered UNAVAILABLE (a replica down, or one that is not the leader refusing a
-cancel) goes to the next one; streams use the replica that answered last.
+unary call answered UNAVAILABLE (a replica down, or one that has not opened yet) goes to the
+next one; streams use the replica that answered last.
 """
 
 import os

@@ -20,7 +20,6 @@ one job fails:
 A pass that fails as a whole is retried with the same doubling delay: the loop never spins.
 """
 
-import collections
 import concurrent.futures
 import dataclasses
 import logging
@@ -34,7 +33,7 @@ from launcher.attempts import Attempts
 from launcher.executors.base import Observed, Status
 from launcher.faults import ErrorLog, Holds
 from launcher.job_steps import JobSteps, StoreError
-from launcher.store_base import seq_of
+from launcher.replica_inbox import ReplicaInbox
 from launcher.transitions import FINAL
 from launcher.unfinished import LiveAttempt, Queued, UnfinishedJobs
 from protos import job_pb2, launcher_pb2, progress_pb2
@@ -44,12 +43,6 @@ PROGRESS_FLUSH_SECONDS = 2.0
 # A pass over a long queue costs ~1 us per job: after a pass that took d seconds, the next
 # waits PASS_SPACING * d, so passes use at most ~10% of the loop even at 100 submits/s.
 PASS_SPACING = 9.0
-# With replicas, the leader reads the QUEUED jobs other replicas took every SUBMISSION_SCAN s,
-# above the newest it saw LATE_COMMIT s ago (an insert commits within milliseconds of taking
-# its id), and all of them every FULL_SCAN s.
-SUBMISSION_SCAN_SECONDS = 1.0
-LATE_COMMIT_SECONDS = 10.0
-FULL_SCAN_SECONDS = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +95,13 @@ class Controller:
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         # False until start(): a replica that is not the leader runs no loop; it stores the
-        # submissions it takes, and the leader's loop reads them (`_take_submissions`).
+        # submissions and cancels it takes, and the leader's loop reads them (replica_inbox.py).
         self.leading = False
-        self.replicas = replicas
-        self._scans: collections.deque[tuple[float, int]] = collections.deque()  # (when, top)
-        self._next_scan = 0.0
-        self._next_full_scan = 0.0
+        self.replica_inbox = (
+            ReplicaInbox(store, self.jobs, self.steps, self._enqueue, self._cancel)
+            if replicas
+            else None
+        )
 
     # ---------------------------------------------------------------- API threads
 
@@ -183,8 +177,8 @@ class Controller:
     def run_once(self):
         now = self.clock()
         self._drain_inbox(now)
-        if self.replicas:
-            self._take_submissions(now)
+        if self.replica_inbox is not None:
+            self.replica_inbox.take(now)
         self.steps.retry_doomed(now)
         self._poll(now)
         for job_id, live in list(self.jobs.live.items()):
@@ -216,26 +210,6 @@ class Controller:
                 self._signal_stop(live, now)
             state = transitions.state_name(job)
             log.info("re-attached %s (%s, attempt %d)", job.id, state, job.attempts)
-
-    def _take_submissions(self, now):
-        """Queues the jobs other replicas stored (QUEUED rows this loop does not know)."""
-        if now < self._next_scan:
-            return
-        self._next_scan = now + SUBMISSION_SCAN_SECONDS
-        cutoff = now - LATE_COMMIT_SECONDS
-        while len(self._scans) > 1 and self._scans[1][0] <= cutoff:
-            self._scans.popleft()
-        oldest = self._scans[0] if self._scans else None
-        floor = oldest[1] if oldest is not None and oldest[0] <= cutoff else 0
-        if now >= self._next_full_scan:
-            floor, self._next_full_scan = 0, now + FULL_SCAN_SECONDS
-        jobs = self.store.queued_after(floor)
-        for job in jobs:
-            known = job.id in self.jobs.queued or job.id in self.jobs.live
-            if not known and job.id not in self.steps.doomed:
-                self.steps.run(job.id, "queueing it", lambda j=job: self._enqueue(j), job)
-        top = max([floor, *(seq_of(j.id) or 0 for j in jobs)])
-        self._scans.append((now, max(top, self._scans[-1][1] if self._scans else 0)))
 
     # ---------------------------------------------------------------- inbox
 

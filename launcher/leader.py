@@ -7,11 +7,13 @@ token: the store refuses every job update whose epoch is not the row's (pg_store
 the same transaction that reads the row FOR SHARE, so a leader that was paused, partitioned or
 slow past its lease cannot change a job once another replica has taken over.
 
-A replica that is not the leader serves reads and takes submissions (rows in QUEUED the
-leader picks up, controller.py); a leader that finds its lease taken (a renewal or a write
-refused) stops the process at once, as Kubernetes controllers do: a supervisor restarts it
-as a follower. Takeover after a leader dies takes at most the lease plus a fifth of it (the
-followers' retry interval); a leader that stops cleanly hands the lease over at once.
+A replica that is not the leader serves reads and takes submissions and cancels (QUEUED rows
+and rows of cancel_requests the leader picks up, replica_inbox.py); a leader that finds its
+lease taken (a renewal or a write refused) stops the process at once, as Kubernetes controllers
+do: a supervisor restarts it as a follower. A new leader that cannot read what to adopt (the
+database restarting as it took the lease) tries again (server.py). Takeover after a leader dies
+takes at most the lease plus a fifth of it (the followers' retry interval); a leader that stops
+cleanly hands the lease over at once.
 """
 
 import dataclasses
@@ -112,6 +114,11 @@ class Leadership:
     def start(self) -> "Leadership":
         self._thread.start()
         return self
+
+    @property
+    def stopped(self) -> bool:
+        """True once stop() began: no more taking office."""
+        return self._stopping.is_set()
 
     def leader(self) -> Holder | None:
         """The lease as the database has it now (None: the database cannot say)."""

@@ -1,7 +1,8 @@
 """The leader lease and its fencing on a real PostgreSQL 15 (launcher/leader.py, pg_store.py):
 two replicas' stores on one database; a lease runs out (set in the past, as a paused leader
 would find it) and the other replica takes it; the former leader's writes are then refused and
-its renewal fails; a follower writes nothing; a takeover waits for a write in flight."""
+its renewal fails; a follower writes nothing; a takeover waits for a write in flight; a cancel
+request a follower stored is deleted only by the leader of the moment."""
 
 import threading
 import time
@@ -128,3 +129,23 @@ def test_leadership_elects_one_and_hands_over_on_stop(two_replicas):
     assert elected["b"].wait(10)
     assert (ships["b"].epoch, b.epoch) == (2, 2) and lost == []
     ships["b"].stop()
+
+
+def test_a_cancel_request_is_deleted_only_by_the_leader_that_acted_on_it(two_replicas):
+    dsn, (old, new) = two_replicas
+    old_lease, new_lease = Lease(old, "127.0.0.1:1", 30), Lease(new, "127.0.0.1:2", 30)
+    old.epoch = old_lease.acquire()
+    job, other = new_job(new), new_job(new)
+    new.request_cancel(job.id)  # a follower takes the cancel
+    new.request_cancel(job.id)  # asked twice: one request
+    new.request_cancel(other.id)
+    assert old.cancel_requests() == [job.id, other.id] and old.cancel_requested(job.id)
+    assert not new.cancel_request_done(job.id)  # a follower cannot take it away
+    assert old.cancel_request_done(job.id)  # the leader, once it acted on it
+    assert not old.cancel_requested(job.id) and old.cancel_requests() == [other.id]
+    expire(dsn)
+    new.epoch = new_lease.acquire()
+    assert not old.cancel_request_done(other.id)  # replaced meanwhile: kept for the next
+    assert new.cancel_requests() == [other.id]
+    assert new.cancel_request_done(other.id)
+    assert new.cancel_requests() == []

@@ -15,7 +15,11 @@ What SQLite gets from its single writer is explicit here:
 - one launcher per database, as one per state dir: an open store holds a session advisory
   lock, and a second launcher is refused naming the session that holds it; unless it is
   opened with replicas=True: then launchers share it, one leader writing job changes under
-  the lease of table `leader` (launcher/leader.py), each write fenced by its epoch.
+  the lease of table `leader` (launcher/leader.py), each write fenced by its epoch. A cancel
+  sent to a replica that does not lead is a row of `cancel_requests`; the leader acts on it
+  (fenced, as every job write) and only then deletes it, under its epoch too: a request is
+  never lost to a leader replaced meanwhile (the next one acts on it again; a cancel twice is
+  one).
 The schema version is the row `schema_version` of table `meta`; MIGRATIONS[v] takes a database
 from version v to v + 1. A launcher refuses a database newer than it knows, one that holds
 other tables but no job store, and (like SQLite's) a lost or foreign one (store_base.py).
@@ -37,7 +41,7 @@ from launcher.store_base import JobDirs, SqlStore, StoreError
 
 log = logging.getLogger("kitchen.launcher")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # 0 -> 1: the first schema (SQLite's version 3, with a sequence for the ids)
         "CREATE SEQUENCE job_ids",
@@ -68,6 +72,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
           expires_at TIMESTAMPTZ NOT NULL  -- the database's clock, never a replica's
         )""",
         "INSERT INTO leader VALUES (1, 0, '', '', '-infinity')",
+    ),
+    (  # 2 -> 3: cancels taken by a replica that does not lead, for the leader to act on
+        """CREATE TABLE cancel_requests (
+          job_id TEXT PRIMARY KEY,
+          requested_at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+        )""",
     ),
 )
 assert len(MIGRATIONS) == SCHEMA_VERSION
@@ -285,6 +295,36 @@ class PostgresStore(SqlStore):
                     self.on_fenced(error)
                 raise error
             self._update(db, job, attempt_token)
+
+    # ------------------------------------------------------------ cancels via any replica
+
+    def request_cancel(self, job_id: str) -> None:
+        """Records a cancel for the leader to act on (a second request for the job is one)."""
+        with self._connection() as db:
+            db.execute(
+                "INSERT INTO cancel_requests (job_id) VALUES (?) ON CONFLICT DO NOTHING",
+                (job_id,),
+            )
+
+    def cancel_requests(self) -> list[str]:
+        """The job ids of the cancels not acted on yet, oldest first."""
+        rows = self._read("SELECT job_id FROM cancel_requests ORDER BY requested_at, job_id")
+        return [job_id for (job_id,) in rows]
+
+    def cancel_requested(self, job_id: str) -> bool:
+        """True while a cancel of the job waits for the leader."""
+        return bool(self._read("SELECT 1 FROM cancel_requests WHERE job_id = ?", (job_id,)))
+
+    def cancel_request_done(self, job_id: str) -> bool:
+        """Deletes the request once this leader acted on it; False (kept) when the leader is no
+        longer `self.epoch`: the next one acts on it again."""
+        with self._connection() as db:
+            row = db.execute(
+                "DELETE FROM cancel_requests WHERE job_id = ? AND "
+                "(SELECT epoch FROM leader WHERE id = 1) = ? RETURNING job_id",
+                (job_id, self.epoch if self.epoch is not None else -1),
+            ).fetchone()
+        return row is not None
 
     def close(self):
         self._closed = True

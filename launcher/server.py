@@ -17,6 +17,7 @@ import shlex
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 from wsgiref.simple_server import WSGIServer
 
@@ -44,6 +45,7 @@ from protos.paths import user_path
 
 log = logging.getLogger("kitchen.launcher")
 LOST_LEASE_EXIT = 3  # the exit status of a leader whose lease another replica took
+ADOPT_RETRY_SECONDS, ADOPT_RETRY_MAX_SECONDS = 0.5, 5.0  # a new leader's recovery, retried
 
 
 class StateDirBusy(RuntimeError):
@@ -171,10 +173,26 @@ class Launcher:
         """Runs the control loop: at start, or with replicas once this one leads."""
         if self.tracker is not None:
             self.tracker.start()  # sends what a previous launcher left in the spool
-        self.controller.start()  # recover first: re-attach before serving (or leading)
-        if epoch:
-            log.info("leader (epoch %d): %d running and %d queued jobs adopted", epoch,
-                     len(self.controller.jobs.live), len(self.controller.jobs.queued))  # fmt: skip
+        if not epoch:
+            self.controller.start()  # recover first: re-attach before serving
+            return
+        # A new leader that cannot read what to adopt (the database restarting as it took the
+        # lease) tries again: never a lease held with no control loop (every job unwatched).
+        # recover() fails before the loop starts and files each job by id: again is safe.
+        delay = ADOPT_RETRY_SECONDS
+        while True:
+            try:
+                self.controller.start()
+                break
+            except Exception as e:
+                if self.leadership is None or self.leadership.stopped:
+                    return
+                log.warning("leader (epoch %d): adopting the jobs failed (%s: %s); again in "
+                            "%.1f s", epoch, type(e).__name__, e, delay)  # fmt: skip
+                time.sleep(delay)
+                delay = min(delay * 2, ADOPT_RETRY_MAX_SECONDS)
+        log.info("leader (epoch %d): %d running and %d queued jobs adopted", epoch,
+                 len(self.controller.jobs.live), len(self.controller.jobs.queued))  # fmt: skip
 
     def start(self):
         if self.leadership is None:

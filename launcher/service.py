@@ -20,6 +20,8 @@ from protos.config_yaml import ConfigError
 
 LOG_CHUNK_BYTES = 64 * 1024
 WATCH_RECHECK_SECONDS = 1.0
+CANCEL_WAIT_SECONDS = 10.0  # a follower waits this long for the leader to act on a cancel
+CANCEL_POLL_SECONDS = 0.1
 
 
 class LauncherService(launcher_pb2_grpc.LauncherServicer):
@@ -138,8 +140,16 @@ class LauncherService(launcher_pb2_grpc.LauncherServicer):
 
     def CancelJob(self, request, context):
         self._job(request.id, context)
-        self._leader_only("CancelJob", context)
-        return self.controller.overlay(self.controller.cancel(request.id))
+        if self.controller.leading or self.leadership is None:
+            return self.controller.overlay(self.controller.cancel(request.id))
+        # A replica that does not lead stores the request; the leader acts on it within a
+        # scan (launcher/replica_inbox.py). Answered once it has, or after CANCEL_WAIT with
+        # the request still stored (a leader taking over acts on it).
+        self.store.request_cancel(request.id)
+        deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+        while self.store.cancel_requested(request.id) and time.monotonic() < deadline:
+            time.sleep(CANCEL_POLL_SECONDS)
+        return self.controller.overlay(self.store.get(request.id))
 
     def WatchJob(self, request, context):
         self._job(request.id, context)

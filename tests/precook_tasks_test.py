@@ -2,8 +2,13 @@
 the real trainer in every step: on a Slurm pool (a real one-node Slurm started here) one
 `sbatch --array`, on the local pool 4 local processes. The dataset is byte-identical to one
 process's precook of the same config; a task that fails (a file in the way of its part) is
-retried alone by the job's retry policy, and the result is still identical."""
+retried alone by the job's retry policy, and the result is still identical.
+Under two launcher replicas on a real PostgreSQL (launcher/leader.py), the leader is killed
+with -9 while the tasks run, on each pool: the other replica adopts the attempt (attempt 1
+re-attached, not restarted: no task runs twice, none at once with itself), the array completes
+on it, and the dataset is still byte-identical to one process's."""
 
+import glob
 import io
 import os
 import sys
@@ -12,9 +17,13 @@ import numpy as np
 import pytest
 
 from launcher import cli
+from launcher.client import Client
+from launcher.executors import task_array
 from launcher.executors.base import attempt_dir
 from launcher.executors.slurm_cluster import MISSING, one_node_cluster
 from launcher.testdata import harness as h
+from launcher.testdata.postgres import running_postgres
+from launcher.testdata.replicas import leader, replicas, start_replicas
 from protos import job_pb2, launcher_pb2, trainer_config_pb2
 from protos.validation import validate_job_spec
 from trainer.data import tasks, testdata
@@ -123,3 +132,57 @@ def test_slurm_pool_runs_an_array_job_and_retries_a_failed_task_alone(data, one_
         done = run_with_a_failing_task(cfg, data, one_process, tmp_path)
     second = attempt_dir(done.run_dir, 2)
     assert "SLURM_ARRAY_TASK_ID" in open(os.path.join(second, "task.sh")).read()
+
+
+def run_through_a_failover(cfg: launcher_pb2.LauncherConfig, data, one_process, tmp_path):
+    """Submit the job to two replicas, kill -9 the leader once a task runs; returns the job
+    finished on the other replica."""
+    cfg.ClearField("trainer_cmd")
+    cfg.trainer_cmd.extend([sys.executable, "-m", "trainer.main"])
+    job_spec = spec(data)
+    with running_postgres() as pg:
+        dsn = pg.create_database("precook")
+        a, b = replicas(tmp_path, dsn, cfg=cfg)
+        client = None
+        try:
+            epoch = start_replicas(dsn, a, b)
+            client = Client(f"{a.address},{b.address}")
+            job = client.submit(job_spec)
+            tasks_dir = os.path.join(attempt_dir(job.run_dir, 1), "tasks")
+
+            def a_task_runs() -> bool:
+                return bool(glob.glob(os.path.join(tasks_dir, "*", "pid.json")))
+
+            h.wait_until(a_task_runs, "a task of the array starts", timeout=180)
+            a.kill9()
+            finished_before = len(task_array.succeeded(job.run_dir))
+            assert finished_before < N_TASKS, "the array ended before the kill: nothing adopted"
+            h.wait_until(lambda: leader(dsn) == (epoch + 1, b.address), "b takes over", 60)
+            done = h.wait_for(client, job.id, h.FINAL, timeout=300)
+            print(f"precook failover: {finished_before} of {N_TASKS} tasks done at the kill")
+        finally:
+            if client is not None:
+                client.close()
+            a.stop()
+            b.stop()
+    assert (done.state, done.attempts, done.failures) == (job_pb2.SUCCEEDED, 1, 0), done
+    assert exit_codes(done.run_dir, 1) == dict.fromkeys(range(N_TASKS), 0)  # each once
+    assert f"re-attached {done.id} (RUNNING, attempt 1)" in b.log_path.read_text()
+    cache = os.path.join(cfg.state_dir, "precook")
+    ds = precook_dataset(validate_job_spec(job_spec).data, cache, show_progress=False)
+    assert ds.cache_hit  # the job built it
+    assert tree(ds.path) == one_process
+    return done
+
+
+def test_local_pool_array_completes_on_the_new_leader(data, one_process, tmp_path):
+    run_through_a_failover(h.config(tmp_path), data, one_process, tmp_path)
+
+
+@pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
+def test_slurm_pool_array_completes_on_the_new_leader(data, one_process, tmp_path):
+    cfg = h.config(tmp_path)
+    del cfg.pools[:]
+    cfg.pools.add(name="slurm", executor=launcher_pb2.SLURM, nodes=1)
+    with one_node_cluster():
+        run_through_a_failover(cfg, data, one_process, tmp_path)

@@ -2,6 +2,7 @@
 trainers are killed with -9 and the database restarts; then what became of every job.
 
     bazel run //launcher/bench:chaos_soak -- [--jobs 100] [--replicas 3] [--lease 2]
+                                             [--real-jobs 2] [--real-steps 30]
 
 Real parts: a PostgreSQL 15 (//launcher/testdata:postgres, durable), `--replicas` launcher
 processes (python -m launcher.server) sharing it and one state dir, each job a fake trainer
@@ -10,13 +11,17 @@ Every few seconds one fault, at random: kill -9 of the leader, of a follower, or
 trainer; and `--db-restarts` database crashes (SIGQUIT: immediate shutdown, WAL recovery). A
 killed replica comes back after 1-3 s, as under a supervisor; so does a former leader that
 exits on finding its lease taken. Submissions go to all replicas (the client fails over).
+Beside them, `--real-jobs` tiny pretrain jobs of the real trainer (launcher/bench/
+chaos_real_jobs.py), each trainer killed -9 once mid-run, and one uninterrupted run of the same
+spec before the faults begin.
 
 Figures:
 - jobs lost: an acknowledged submission the store does not have, or one never finished;
 - jobs run twice at once: a job whose steps.log (one "attempt step" line per step run) shows
   an earlier attempt stepping after a later one began, or one attempt's step run twice;
 - jobs in each terminal state; attempts (trainer kills cost one);
-- failover time: from kill -9 of the leader to the next epoch in the lease row, p50 and p99.
+- failover time: from kill -9 of the leader to the next epoch in the lease row, p50 and p99;
+- real jobs whose final weights are bitwise equal to the uninterrupted run's.
 """
 
 import argparse
@@ -34,6 +39,7 @@ from pathlib import Path
 
 import psycopg
 
+from launcher.bench.chaos_real_jobs import Sample
 from launcher.bench.machine import machine
 from launcher.client import Client
 from launcher.server import LOST_LEASE_EXIT
@@ -49,6 +55,8 @@ class Outcome:
     terminal: int  # jobs in a final state
     stored: int  # jobs in the store
     failovers: list[float]  # seconds
+    weights_equal: list[str]  # real jobs whose final weights equal the uninterrupted run's
+    weights_differ: list[str]  # real jobs whose do not, or that did not finish
 
 
 @dataclasses.dataclass
@@ -121,6 +129,9 @@ class Soak:
         self.submitted: dict[str, str] = {}  # request_id -> job id
         self.rng = random.Random(args.seed)
         self.done = threading.Event()
+        self.sample = (
+            Sample(self.addresses, tmp, args.real_jobs, args.real_steps) if args.real_jobs else None
+        )
 
     def start(self):
         for r in self.replicas:
@@ -203,6 +214,8 @@ class Soak:
         started = time.monotonic()
         submitter = threading.Thread(target=self.submit_all, daemon=True)
         submitter.start()
+        if self.sample is not None:
+            self.sample.submit()
         db_restart_at = sorted(
             self.rng.uniform(0.2, 0.8) * self.args.chaos_seconds
             for _ in range(self.args.db_restarts)
@@ -267,7 +280,12 @@ class Soak:
             f"- duration: {timing['chaos_seconds']:.0f} s of faults, "
             f"{timing['total_seconds']:.0f} s in all",
         ]
-        return "\n".join(lines), Outcome(lost, twice, terminal, len(jobs), f)
+        equal: list[str] = []
+        differ: list[str] = []
+        if self.sample is not None:
+            real, equal, differ = self.sample.report(jobs)
+            lines[-1:-1] = real
+        return "\n".join(lines), Outcome(lost, twice, terminal, len(jobs), f, equal, differ)
 
 
 def soak(argv: list[str]) -> tuple[str, Outcome]:
@@ -285,16 +303,24 @@ def soak(argv: list[str]) -> tuple[str, Outcome]:
     p.add_argument("--db-restarts", type=int, default=1)
     p.add_argument("--drain-seconds", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--real-jobs", type=int, default=2, help="tiny real pretrain jobs (0: none)")
+    p.add_argument("--real-steps", type=int, default=30)
     args = p.parse_args(argv)
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     with running_postgres(durable=True) as pg, tempfile.TemporaryDirectory() as tmp:
         run = Soak(args, pg, Path(tmp))
         try:
             run.start()
+            if run.sample is not None:
+                run.sample.run_reference()  # before any fault: the uninterrupted run
             body, outcome = run.report(run.run())
         finally:
             for r in run.replicas:
                 r.stop()
+        if outcome.lost or outcome.twice or outcome.weights_differ:  # what the replicas said
+            for r in run.replicas:
+                tail = r.log_path.read_text(errors="replace").splitlines()[-60:]
+                print(f"--- {r.log_path.name} (last lines)", *tail, sep="\n", file=sys.stderr)
     text = (
         f"## Chaos soak, {started}\n\n{machine()}; "
         f"flags: {' '.join(argv) or '(defaults)'}\n\n{body}"
@@ -305,7 +331,7 @@ def soak(argv: list[str]) -> tuple[str, Outcome]:
 def main() -> int:
     text, outcome = soak(sys.argv[1:])
     print(text)
-    return 0 if not outcome.lost and not outcome.twice else 1
+    return 0 if not (outcome.lost or outcome.twice or outcome.weights_differ) else 1
 
 
 if __name__ == "__main__":

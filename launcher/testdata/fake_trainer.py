@@ -11,13 +11,14 @@ What it does wrong on purpose comes from `<behaviour-dir>/<job name>.json`:
   {"steps": 20, "step_seconds": 0.05, "checkpoint_every": 2,
    "crash_at": 3, "crash_attempts": [1],          exit 1 at step 3 on attempt 1
    "hang_at": 2, "hang_attempts": [1], "ignore_term": true,   stop reporting at step 2
-   "exit_code": 2}                                 exit with this code at once
+   "exit_code": 2,                                 exit with this code at once
+   "exec": ["python3", "-m", "trainer.main"]}      become this command (the real trainer:
+                                                   the chaos soak's sample of real jobs)
 Every step it runs is appended to `<run_dir>/steps.log` as "attempt step", so a test can see
 that no step ran twice at once and that a retry resumed from the checkpoint.
 """
 
 import argparse
-import itertools
 import json
 import os
 import queue
@@ -36,37 +37,60 @@ from protos.files import write_atomic
 stop_requested = threading.Event()
 
 
+STALE_POLL_SECONDS = 0.2  # under the reconnect pause (0.5 s): a dead stream lets go first
+
+
 def _reporter(attempt, attempt_queue):
-    """Streams progress to the launcher; reconnects on errors; never raises."""
+    """Streams progress to the launcher; reconnects on errors; never raises. As
+    trainer/progress_client.py does: the address is an index into the replica list, moved on at
+    each failed stream, and a stream stops taking from the queue once it is over (gRPC's thread
+    may still wait on it: a report it took then would be lost, not sent on the next stream);
+    the report in flight when a stream broke goes first on the next one."""
     metadata = None
     if attempt.token_file:
         with open(attempt.token_file) as f:
             metadata = [("authorization", f"Bearer {f.read().strip()}")]
     addresses = launcher_addresses.split(attempt.launcher)  # replicas: each in turn
-    for tried in itertools.count():
-        address = addresses[tried % len(addresses)]
+    current = 0  # the address streamed to now
+    pending: list = []  # the report taken but maybe not delivered
+
+    def messages(alive: threading.Event):
+        if pending:
+            yield pending[0]
+        while alive.is_set():
+            try:
+                item = attempt_queue.get(timeout=STALE_POLL_SECONDS)
+            except queue.Empty:
+                continue
+            if item is None:
+                return
+            pending[:] = [item]
+            yield item
+            pending.clear()
+
+    while True:
+        address = addresses[current]
         if attempt.tls_ca:
             with open(attempt.tls_ca, "rb") as ca:
                 credentials = grpc.ssl_channel_credentials(ca.read())
             channel = grpc.secure_channel(address, credentials)
         else:
             channel = grpc.insecure_channel(address)
-
-        def messages():
-            while True:
-                item = attempt_queue.get()
-                if item is None:
-                    return
-                yield item
-
+        alive = threading.Event()
+        alive.set()
         try:
             stub = launcher_pb2_grpc.LauncherStub(channel)
-            response = stub.ReportProgress(messages(), metadata=metadata)
+            try:
+                response = stub.ReportProgress(messages(alive), metadata=metadata)
+            finally:
+                alive.clear()  # before the pause: the next stream starts clean
             if response.stop:
                 stop_requested.set()
             return
         except grpc.RpcError as e:
-            print(f"fake_trainer: progress stream failed: {e.code()}", file=sys.stderr, flush=True)
+            print(f"fake_trainer: progress stream to {address} failed: {e.code()}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            current = (current + 1) % len(addresses)  # the next replica: it may lead now
             time.sleep(0.5)
         finally:
             channel.close()
@@ -86,6 +110,9 @@ def main():
         if os.path.exists(path):
             with open(path) as f:
                 behaviour = json.load(f)
+    if "exec" in behaviour:  # the same process (pid) becomes it, with the same handoff
+        command = [*behaviour["exec"], "--attempt", args.attempt]
+        os.execv(command[0], command)
     if "exit_code" in behaviour:
         print(f"fake_trainer: exiting with {behaviour['exit_code']} as told", flush=True)
         return behaviour["exit_code"]
