@@ -159,7 +159,8 @@ def test_compare_view_picks_the_params_that_differ(ui, browser):
 
 # Each graph panel of Prometheus's classic graph page: its query, the lines Rickshaw drew and
 # the legend's series names.
-PROMETHEUS_PANELS = """return Array.from(document.querySelectorAll('[id^=graph_wrapper]')).map(w => ({
+PROMETHEUS_PANELS = """const panels = document.querySelectorAll('[id^=graph_wrapper]');
+return Array.from(panels).map(w => ({
   expr: (w.querySelector('textarea[name=expr]') || {}).value,
   lines: w.querySelectorAll('.graph_area svg path').length,
   legend: Array.from(w.querySelectorAll('.legend .label')).map(e => e.innerText)}))"""
