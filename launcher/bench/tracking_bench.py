@@ -37,7 +37,7 @@ from launcher.server import Launcher
 from launcher.settings import embedded_tracking_uri
 from launcher.submit import load_spec
 from launcher.tracking.tracker import Tracker
-from protos import job_pb2, launcher_pb2
+from protos import job_pb2, launcher_pb2, progress_pb2
 from protos.paths import user_path
 from protos.progress_log import is_training_step, read_progress_log
 
@@ -112,13 +112,80 @@ def spread(values: list[float]) -> str:
     return f"{q2:.3f} (quartiles {q1:.3f}-{q3:.3f}, range {min(values):.3f}-{max(values):.3f})"
 
 
+def writer_costs(root: str, repeats: int = 5) -> list[str]:
+    """The writer's CPU (this thread's clock around the tracker's own calls, with no thread of
+    its own: the same code) for a job's start, one flush of n steps, and the end, into a fresh
+    embedded store: how its per-step cost splits into per-job, per-flush and per-value parts."""
+    from prometheus_client import CollectorRegistry  # noqa: PLC0415
+
+    state = os.path.join(root, "writer")
+    cfg = launcher_pb2.LauncherConfig(state_dir=state)
+    cfg.tracking.uri, cfg.tracking.spool_max_bytes = embedded_tracking_uri(state), 1 << 30
+    tracker = Tracker(cfg, CollectorRegistry())
+    spec = load_spec(workspace_file(MAIN_JOB))
+    step = 0
+
+    def timed(call) -> float:
+        start = time.thread_time()
+        call()
+        if tracker.drain() < 1 or tracker.spool.pending():
+            sys.exit("tracking: a batch was not sent")
+        return time.thread_time() - start
+
+    def flush(job: job_pb2.Job, n: int) -> None:
+        nonlocal step
+        for _ in range(n):
+            step += 1
+            tracker.progress(job, progress_pb2.Progress(
+                job_id=job.id, phase="train", step=step, loss=4 - step / 1e4, lr=3e-4,
+                grad_norm=0.9, step_time_seconds=0.1, tokens_per_second=1e4,
+                tokens_total=step * 1024, mfu=0.01, peak_memory_bytes=1 << 30,
+                padding_fraction=0.01,
+            ))  # fmt: skip
+        tracker._flush_buffer()  # noqa: SLF001 (what the thread does every flush_seconds)
+
+    costs: dict[str, list[float]] = {}
+    for i in range(repeats + 1):  # the first: MLflow's import and the store's tables
+        job = job_pb2.Job(id=f"w{i}", spec=spec, run_dir=os.path.join(root, f"w{i}"))
+        job.state = job_pb2.SUCCEEDED
+        samples = {
+            "start (run, 167 params, tags, config)": timed(lambda j=job: tracker.job_started(j))
+        }
+        for n in (1, 10, 100):
+            samples[f"one flush of {n} steps"] = timed(lambda j=job, n=n: flush(j, n))
+        samples["end (status)"] = timed(lambda j=job: tracker.job_ended(j))
+        for name, seconds in samples.items():
+            if i:
+                costs.setdefault(name, []).append(seconds)
+    lines = ["| writer call | CPU, median of 5 |", "| --- | ---: |"]
+    lines += [f"| {k} | {1000 * statistics.median(v):.1f} ms |" for k, v in costs.items()]
+    return lines
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=8, help="on/off pairs of jobs, orders alternating")
     p.add_argument("--steps", type=int, default=40, help="train.steps of each job")
     p.add_argument("--out", help="also append the results (Markdown) to this file")
+    p.add_argument("--writer-costs", action="store_true", help="only the writer's CPU per call")
     args = p.parse_args(argv)
     root = tempfile.mkdtemp(prefix="tracking_bench-")
+    if args.writer_costs:
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+        lines = [
+            f"## {when} UTC, the writer's CPU per call",
+            "",
+            f"Run on {machine()}. Command: "
+            "`bazel run //launcher/bench:tracking_bench -- --writer-costs`; 9 series per "
+            "step (the trainer's pretraining fields), into the embedded SQLite store.",
+            "",
+        ]
+        text = "\n".join(lines + writer_costs(root)) + "\n"
+        print(text)
+        if args.out:
+            with open(user_path(args.out), "a", encoding="utf-8") as f:
+                f.write("\n" + text)
+        return
     spec = load_spec(workspace_file(MAIN_JOB))
     spec.trainer.train.log_every = 1
     spec.trainer.train.steps = args.steps
