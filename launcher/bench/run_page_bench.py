@@ -45,7 +45,8 @@ return {dom: nav ? nav.domContentLoadedEventEnd : null,
 
 def breakdown(timing: dict, drawn_ms: float) -> list[str]:
     """The last load of one run page: static files, then REST calls grouped by endpoint."""
-    static, calls = [], {}
+    static: list[dict] = []
+    calls: dict[str, list[dict]] = {}
     for r in timing["resources"]:
         path = r["name"].split("://", 1)[-1].split("/", 1)[-1]
         if "ajax-api/" in path or path.startswith("api/"):
