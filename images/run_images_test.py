@@ -32,6 +32,43 @@ versions = {d: md.version(d) for d in sys.argv[2].split(",")}
 print(json.dumps({"python": list(sys.version_info[:3]), "dists": versions}))
 """
 
+# The launcher's MLflow writer (launcher/tracking/tracker.py) as the server runs it, into its
+# default store (the embedded sqlite one), then read back with MLflow's own client.
+TRACKING_CHECK = """
+import json, sys, time
+from prometheus_client import CollectorRegistry
+from launcher.settings import embedded_tracking_uri
+from launcher.tracking.tracker import Tracker
+from protos import job_pb2, launcher_pb2, progress_pb2
+state = sys.argv[1]
+cfg = launcher_pb2.LauncherConfig(state_dir=state)
+cfg.tracking.uri = embedded_tracking_uri(state)
+cfg.tracking.spool_max_bytes, cfg.tracking.flush_seconds = 1 << 20, 0.2
+tracker = Tracker(cfg, CollectorRegistry())
+tracker.start()
+spec = job_pb2.JobSpec(name="in-image", kind=job_pb2.PRETRAIN, team="infra", owner="ada")
+job = job_pb2.Job(id="j-image", spec=spec, run_dir=state + "/run", attempts=1)
+tracker.job_started(job)
+for step in range(1, 6):
+    tracker.progress(job, progress_pb2.Progress(
+        job_id=job.id, attempt=1, phase="train", step=step, total_steps=5, loss=5.0 - step / 10,
+        lr=3e-4, step_time_seconds=0.05, tokens_per_second=4000))
+job.state = job_pb2.SUCCEEDED
+tracker.job_ended(job)
+deadline = time.monotonic() + 300
+while tracker.spool.pending() and time.monotonic() < deadline:
+    time.sleep(0.2)
+tracker.stop()
+if tracker.spool.pending():
+    sys.exit(f"tracking: {len(tracker.spool.pending())} batches still spooled after 300 s")
+from mlflow.tracking import MlflowClient
+client = MlflowClient(cfg.tracking.uri)
+(run,) = client.search_runs([client.get_experiment_by_name("kitchen/infra").experiment_id])
+loss = client.get_metric_history(run.info.run_id, "loss")
+print(json.dumps({"status": run.info.status, "job_id": run.data.tags.get("kitchen.job_id"),
+                  "loss": {m.step: m.value for m in loss}}))
+"""
+
 
 @pytest.fixture(scope="module")
 def cache_dir(tmp_path_factory):
@@ -139,9 +176,13 @@ def test_launcher_image_imports_its_deps_and_has_no_torch(cache_dir):
         cache_dir,
         LAUNCHER,
         ["grpc", "google.protobuf", "prometheus_client", "yaml", "kubernetes_validate"]
-        + ["launcher.server", "launcher.cli"],
-        ["grpcio", "protobuf", "prometheus_client", "PyYAML", "kubernetes-validate"],
+        + ["mlflow.tracking", "sqlalchemy", "alembic", "launcher.server", "launcher.cli"],
+        ["grpcio", "protobuf", "prometheus_client", "PyYAML", "kubernetes-validate"]
+        + ["mlflow-skinny", "SQLAlchemy", "alembic"],
     )
+    pins = locked_versions()
+    for dist, version in report["dists"].items():
+        assert version == pins[re.sub(r"[-_.]+", "-", dist).lower()], dist
     assert report["python"][:2] == [3, 11]
     proc = run_image(
         cache_dir,
@@ -196,3 +237,25 @@ def test_launcher_serves_and_its_cli_lists_jobs_from_the_image(cache_dir, tmp_pa
         server.terminate()
         out, _ = server.communicate(timeout=60)
     assert server.returncode in (0, 128 + 15, -15), out[-3000:]
+
+
+def test_launcher_image_tracks_a_job_into_its_embedded_store(cache_dir, tmp_path):
+    """The launcher's default tracking store is a local sqlite one: its writer must run in its
+    own image (mlflow-skinny + SQLAlchemy + alembic, no full mlflow, no torch)."""
+    state = tmp_path / "state"
+    state.mkdir()
+    proc = run_image(
+        cache_dir,
+        LAUNCHER,
+        "--bind",
+        str(state),
+        "--entrypoint",
+        "python3 -c '" + TRACKING_CHECK + "'",
+        "--",
+        str(state),
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["status"] == "FINISHED" and report["job_id"] == "j-image"
+    assert report["loss"] == {str(s): 5.0 - s / 10 for s in range(1, 6)}
+    assert (state / "mlflow" / "mlflow.db").stat().st_size > 0

@@ -11,6 +11,10 @@ hand (`tools/py -m trainer.main`) they are those files: either way they lie in a
 tree, and `git rev-parse HEAD` there is the commit, with "-dirty" when tracked files differ
 from it (as tools/oci/workspace_status.sh stamps images). In an image there is no work tree:
 the commit is recorded as unknown, with why, and the image's digest names the code instead.
+
+A linked work tree (`git worktree add`) keeps its git directory elsewhere: its `.git` is a file
+naming it (`git_dirs`). A sandbox that shows a trainer only its code must show those
+directories too (launcher/executors/sandbox.py does, read-only), or git cannot answer there.
 """
 
 import dataclasses
@@ -54,6 +58,39 @@ def code_version(source: str = __file__) -> CodeVersion:
         why = (err.stderr or "").strip().splitlines()
         return CodeVersion("", f"unknown: {directory}: {why[0] if why else 'not a git work tree'}")
     return CodeVersion(f"{commit}-dirty" if dirty else commit, f"git work tree {top}")
+
+
+def git_dirs(path: str) -> list[str]:
+    """The git directories outside its work tree that git reads for the tree holding `path`:
+    for a linked work tree, the directory its `.git` file names and that one's `commondir`
+    (the repository's shared one). [] for an ordinary tree (`.git` is a directory inside it),
+    for no work tree at all, and for a `.git` file that cannot be read (git says why later)."""
+    directory = os.path.realpath(path)
+    if not os.path.isdir(directory):
+        directory = os.path.dirname(directory)
+    while not os.path.lexists(os.path.join(directory, ".git")):
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return []
+        directory = parent
+    dot_git = os.path.join(directory, ".git")
+    if os.path.isdir(dot_git):
+        return []
+    try:
+        with open(dot_git, encoding="utf-8") as f:
+            first = f.readline().strip()
+    except (OSError, UnicodeDecodeError):
+        return []
+    if not first.startswith("gitdir:"):
+        return []
+    gitdir = os.path.realpath(os.path.join(directory, first[len("gitdir:") :].strip()))
+    found = [gitdir]
+    try:
+        with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as f:
+            found.append(os.path.realpath(os.path.join(gitdir, f.read().strip())))
+    except (OSError, UnicodeDecodeError):
+        pass  # a submodule's git dir has no commondir: it is the whole repository
+    return found
 
 
 def dataset_digest(dataset_dir: str) -> str:

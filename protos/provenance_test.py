@@ -66,3 +66,20 @@ def test_attempts_and_dataset_are_recorded(tmp_path):
     assert [(c["commit"], c["attempt"]) for c in facts["code"]] == [("aaa", 1), ("bbb-dirty", 3)]
     assert facts["dataset"] == {"path": str(dataset), "digest": "f00d"}
     assert provenance.dataset_digest(str(tmp_path)) == ""  # no manifest: no digest claimed
+
+
+@needs_git
+def test_git_dirs_of_a_linked_work_tree(tmp_path):
+    repo, tree = tmp_path / "repo", tmp_path / "tree"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "code.py").write_text("")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-qm", "one")
+    _git(repo, "worktree", "add", "-q", "-b", "side", str(tree))
+    assert provenance.git_dirs(str(repo / "pkg" / "code.py")) == []  # .git is inside the tree
+    assert provenance.git_dirs(str(tree / "pkg" / "code.py")) == [
+        str(repo / ".git" / "worktrees" / "tree"),
+        str(repo / ".git"),
+    ]
+    assert provenance.git_dirs(str(tmp_path)) == []  # no work tree

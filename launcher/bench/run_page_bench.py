@@ -35,6 +35,40 @@ LOSS_POINTS = """const p = Array.from(document.querySelectorAll('.js-plotly-plot
   let c = p; while (c.parentElement && !/^[a-z]/i.test(c.innerText || '')) c = c.parentElement;
   return (c.innerText || '').split('\\n')[0] === 'loss'; });
 return p && p.data && p.data.length ? p.data[0].x.length : 0;"""
+# Where a page load's time went (the browser's Resource Timing, ms from navigation start): the
+# UI's static files, and each REST call it made to MLflow's server.
+RESOURCES = """const nav = performance.getEntriesByType('navigation')[0];
+return {dom: nav ? nav.domContentLoadedEventEnd : null,
+  resources: performance.getEntriesByType('resource').map(r => ({name: r.name,
+    start: r.startTime, end: r.responseEnd, bytes: r.transferSize}))};"""
+
+
+def breakdown(timing: dict, drawn_ms: float) -> list[str]:
+    """The last load of one run page: static files, then REST calls grouped by endpoint."""
+    static: list[dict] = []
+    calls: dict[str, list[dict]] = {}
+    for r in timing["resources"]:
+        path = r["name"].split("://", 1)[-1].split("/", 1)[-1]
+        if "ajax-api/" in path or path.startswith("api/"):
+            endpoint = path.split("?", 1)[0]
+            calls.setdefault(endpoint, []).append(r)
+        else:
+            static.append(r)
+    lines = [
+        f"    DOMContentLoaded {timing['dom'] or 0:.0f} ms; {len(static)} static files "
+        f"({sum(r['bytes'] or 0 for r in static) / 1e6:.2f} MB over the network, 0 when "
+        f"cached), last done at {max((r['end'] for r in static), default=0):.0f} ms; loss "
+        f"chart drawn at "
+        f"{drawn_ms:.0f} ms"
+    ]
+    for endpoint, rs in sorted(calls.items(), key=lambda kv: min(r["start"] for r in kv[1])):
+        durations = [r["end"] - r["start"] for r in rs]
+        lines.append(
+            f"    {len(rs):>3} x {endpoint}: first sent at {min(r['start'] for r in rs):.0f} ms, "
+            f"last answered at {max(r['end'] for r in rs):.0f} ms, each {min(durations):.0f}-"
+            f"{max(durations):.0f} ms"
+        )
+    return lines
 
 
 def main() -> None:
@@ -67,6 +101,7 @@ def main() -> None:
                 time.sleep(0.5)
         times: dict[str, list[float]] = {name: [] for name in runs}
         drawn: dict[str, int] = {}
+        timings: dict[str, tuple[dict, float]] = {}
         for _ in range(REPEATS):
             for name, run in sorted(runs.items()):
                 driver.get("about:blank")
@@ -77,6 +112,7 @@ def main() -> None:
                     time.sleep(0.02)
                 times[name].append(time.perf_counter() - started)
                 drawn[name] = points
+                timings[name] = (driver.execute_script(RESOURCES), 1000 * times[name][-1])
     finally:
         driver.quit()
         ui.terminate()
@@ -90,6 +126,12 @@ def main() -> None:
             f"all {json.dumps([round(t, 2) for t in times[name]])}), {drawn[name]} points"
         )
     print(f"ratio 10,000 / 50 steps: {long / short:.2f}x")
+    for n in (50, 10_000):
+        history = client.get_metric_history(runs[f"steps-{n}"], "loss")
+        keys = sorted(client.get_run(runs[f"steps-{n}"]).data.metrics)
+        points = len(history)
+        print(f"{n:>6} logged steps, last load: {len(keys)} metrics {keys}, {points} loss points")
+        print("\n".join(breakdown(*timings[f"steps-{n}"])))
 
 
 if __name__ == "__main__":

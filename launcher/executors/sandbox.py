@@ -3,8 +3,9 @@
 `Sandbox.command(launch, argv, env, gpus)` is the bwrap command around a trainer argv. Mounts, in
 this order (a later one covers an earlier one):
 1. read-only: the system (/usr, /bin, /lib*, /etc), the trainer's code (each PYTHONPATH entry,
-   the Python installation, the trainer and torchrun commands' files, and the directories a
-   Bazel runfiles tree links into) and `sandbox.readonly`;
+   the Python installation, the trainer and torchrun commands' files, the directories a
+   Bazel runfiles tree links into, and the git directories of a linked work tree holding any
+   of these, for the commit in provenance.json) and `sandbox.readonly`;
 2. the launcher's state dir as an empty tmpfs, and its secret files (tokens_file, tls_key, the
    metrics token, the PostgreSQL store's dsn_file) as /dev/null, wherever step 1 made them
    visible;
@@ -29,7 +30,7 @@ from collections.abc import Callable
 
 from launcher import path_policy
 from launcher.executors.base import Launch
-from protos import job_pb2, launcher_pb2
+from protos import job_pb2, launcher_pb2, provenance
 from protos.paths import path_fields
 from tools.oci import gpus as gpu_nodes
 
@@ -112,6 +113,9 @@ def code_dirs(cfg: launcher_pb2.LauncherConfig, env: dict) -> tuple[str, ...]:
         if RUNFILES in path and os.path.isdir(path):
             wanted += _link_roots(path)
     found = [p for p in wanted if os.path.exists(p)]
+    # Code in a linked git work tree: its git dirs lie outside it, and without them the
+    # trainer's provenance.json says "commit unknown" (protos/provenance.py).
+    found += [d for p in list(found) for d in provenance.git_dirs(p) if os.path.exists(d)]
     linked = {p for p in SYSTEM_DIRS if os.path.islink(p)}  # made links in the sandbox too
     # Each at its own path and at its target: a link to it, or through it, resolves in the
     # sandbox as it does here (Bazel's sandboxes link whole runfiles trees).

@@ -3,7 +3,9 @@
 
 Two runs that differ in their learning rate are imported with `kitchen track import`; the run
 page must draw the loss chart with one point per logged step, and the compare view must pick
-out the params that differ. Screenshots go to $TEST_UNDECLARED_OUTPUTS_DIR (Bazel keeps them in
+out the params that differ. Prometheus's own graph page (its classic UI, the one Debian's
+package ships), scraping a real launcher while a job runs, must draw that job's MFU and step
+time. Screenshots go to $TEST_UNDECLARED_OUTPUTS_DIR (Bazel keeps them in
 .bazel/testlogs/launcher/tracking/browser_test/test.outputs/); docs/images/ has copies.
 """
 
@@ -12,6 +14,7 @@ import os
 import random
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -22,8 +25,10 @@ from selenium.webdriver.chrome.service import Service
 
 from launcher import cli
 from launcher.settings import embedded_tracking_uri
+from launcher.testdata import harness
 from launcher.tracking.commands import ui_command
 from launcher.tracking.testing import free_port, write_run
+from observability.prometheus_server import running_prometheus
 from protos import job_pb2
 
 STEPS = 50
@@ -150,3 +155,59 @@ def test_compare_view_picks_the_params_that_differ(ui, browser):
     assert head.split("\n")[1:-1] == ["name", "trainer.optim.lr"], head
     assert "0.00100" in text and "0.00030" in text
     _screenshot(browser, "mlflow_compare.png")
+
+
+# Each graph panel of Prometheus's classic graph page: its query, the lines Rickshaw drew and
+# the legend's series names.
+PROMETHEUS_PANELS = """const panels = document.querySelectorAll('[id^=graph_wrapper]');
+return Array.from(panels).map(w => ({
+  expr: (w.querySelector('textarea[name=expr]') || {}).value,
+  lines: w.querySelectorAll('.graph_area svg path').length,
+  legend: Array.from(w.querySelectorAll('.legend .label')).map(e => e.innerText)}))"""
+
+
+def test_prometheus_graph_page_shows_mfu_and_step_time_of_a_running_job(tmp_path, browser):
+    """A real launcher (fake trainer: no torch) runs a job for minutes; a real Prometheus
+    scrapes its /metrics with Kitchen's config and rules; its graph page shows the job's MFU
+    and its step time (the recording rule the dashboards use) while the job still runs."""
+    cfg = harness.config(tmp_path)
+    harness.behave(tmp_path, "live", step_seconds=0.5)
+    (tmp_path / "prometheus").mkdir()
+    with harness.started(cfg) as (launcher, client):
+        job = client.submit(harness.spec("live", steps=2000))
+        harness.wait_for_step(client, job.id, 2, timeout=120)
+        target = f"127.0.0.1:{launcher.metrics_port}"
+        with running_prometheus([target], tmp_path / "prometheus") as prometheus:
+            scraping_since = time.monotonic()
+            exprs = [
+                f'kitchen_train_mfu_ratio{{job_id="{job.id}"}}',
+                f'job_id:kitchen_train_step_duration_seconds:p50_1m{{job_id="{job.id}"}}',
+            ]
+            query = "&".join(
+                f"g{i}.expr={urllib.parse.quote(e)}&g{i}.tab=0&g{i}.range_input=1m"
+                for i, e in enumerate(exprs)
+            )
+            drawn = (
+                f"const p = (() => {{ {PROMETHEUS_PANELS} }})(); return p.length === 2 && "
+                f"p.every(x => x.lines > 0 && x.legend.some(l => l.includes('{job.id}'))) && p;"
+            )
+            deadline = time.monotonic() + 180
+            while True:  # the rule has values after a few scrapes: reload until it draws
+                browser.get(f"{prometheus}/classic/graph?{query}")
+                try:
+                    panels = _wait_for(browser, drawn, timeout=15)
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise
+                    continue
+                if time.monotonic() - scraping_since > 30:  # lines of 30 s, not dots
+                    break
+                time.sleep(max(0.0, 31 - (time.monotonic() - scraping_since)))
+            assert [p["expr"] for p in panels] == exprs
+            assert client.get(job.id).state == job_pb2.RUNNING  # a running job's graph
+            browser.set_window_size(1400, 1500)  # both panels in one picture
+            browser.execute_script("window.scrollTo(0, 0)")
+            try:
+                _screenshot(browser, "prometheus_graph.png")
+            finally:
+                browser.set_window_size(1400, 900)

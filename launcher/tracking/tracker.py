@@ -194,7 +194,7 @@ class Tracker:
         self._backoff = min(MAX_BACKOFF_SECONDS, max(self.flush_seconds, 2 * self._backoff))
         if self._failing_since is None:
             self._failing_since = time.time()
-            if isinstance(err, ImportError):  # e.g. the launcher's image, which has no mlflow
+            if isinstance(err, ImportError):  # a Python without mlflow(-skinny) installed
                 log.warning(
                     "tracking: %s in this launcher's Python: set tracking.uri: none in its "
                     "config, or install mlflow; records wait in %s", err, self.spool.dir,
