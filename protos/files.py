@@ -9,6 +9,7 @@ reader sees the old file or the new one and a crash leaves no half-written file 
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 
 
@@ -27,6 +28,16 @@ def fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def replace_dir(tmp: str, final: str) -> None:
+    """Rename the fully written directory `tmp` to `final`, removing an existing `final`
+    first; its files (written with write_bytes: fsynced) and the rename made durable."""
+    fsync_dir(tmp)
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    fsync_dir(os.path.dirname(os.path.abspath(final)))
 
 
 def sha256_file(path: str) -> str:

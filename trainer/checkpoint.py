@@ -32,7 +32,7 @@ import torch
 from google.protobuf import json_format
 
 from protos import trainer_config_pb2
-from protos.files import FileDigest, fsync_dir, json_bytes, sha256_file, write_bytes
+from protos.files import FileDigest, json_bytes, replace_dir, sha256_file, write_bytes
 from protos.paths import CHECKPOINT_PREFIX, step_dirs
 from trainer import distributed
 
@@ -298,11 +298,7 @@ class Checkpointer:
                 saved_at=time.time(),
             )
             write_bytes(str(tmp / "meta.json"), json_bytes(meta.to_json()))
-            fsync_dir(str(tmp))
-            if final.exists():  # the same step saved again (after a rollback): replace it
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            fsync_dir(str(self.directory))
+            replace_dir(str(tmp), str(final))  # replaces the same step saved before a rollback
             for old in checkpoints(self.directory)[: -self.keep_last]:
                 shutil.rmtree(old, ignore_errors=True)
         distributed.barrier()

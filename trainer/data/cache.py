@@ -86,10 +86,8 @@ class Cache:
             tmp = tempfile.mkdtemp(prefix=f"{name}.", dir=tmp_root)
             try:
                 made = build(tmp)
-                files.fsync_dir(tmp)
-                os.rename(tmp, path)
+                files.replace_dir(tmp, path)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
-            files.fsync_dir(os.path.dirname(path))
         return path, made, False

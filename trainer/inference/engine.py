@@ -4,49 +4,33 @@ it), and through the offline batch API (offline.py) the GENERATE job, VLM genera
 generation tasks and RL rollouts. It reads the model's live parameters: nothing is copied.
 
 `step()` is one iteration of the model over the running batch. Between steps requests join
-(admitted from the queue while there are free blocks and token budget) and leave (finished,
-aborted): the batch never waits for its slowest member, unlike a static batch. Which requests
-run in a step, with how many tokens, and which is preempted when blocks run out is the
-scheduler's (scheduler.py: the token budget, chunked prefill, admission, preemption by
-recompute); the engine runs what it schedules, samples and verifies drafts.
+and leave (finished, aborted): the batch never waits for its slowest member, unlike a static
+batch. Which requests run in a step, with how many tokens, and which is preempted when blocks
+run out is the scheduler's (scheduler.py); the engine runs what it schedules, samples and
+verifies drafts. Each feature is explained in its own module; what the engine does for it:
 
-With serve.prefix_caching, a request admitted first takes the cached blocks of the longest
-prefix of its tokens it shares with earlier requests (kv_cache.py: content-addressed full
-blocks, reference counts, least recently used evicted) and prefills only the rest; each full
-block it computes is named for the next. Its keys and values are the ones it would compute
-(the same model on the same tokens, up to float rounding), so its output is the same.
-`cached_tokens` counts the prompt tokens it read from the cache at its first admission (the
-API's usage.prompt_tokens_details.cached_tokens); a recompute after preemption reuses its own
-blocks too when they are still cached.
-
-With serve.speculative_tokens, a decoding request drafts up to that many tokens, by prompt
-lookup or with a draft model (`draft`, serve.draft_path; speculative.py), and runs them with
-its last token in one step. A greedy request keeps the draft up to the first token the model
-would not have chosen, and the model's choice there: plain greedy decoding's tokens. A sampled
-one keeps each draft token by the rejection rule (speculative.verify_sampled): plain
-sampling's distribution. Several tokens per step when drafts hit (`accepted` / `drafted`, the
-engine's and each request's).
-
-With a request's `constraint` (structured output: a JSON schema, any JSON object, a regular
-expression), its logits are masked to the tokens its grammar allows before it samples; a
-greedy one's drafts are cut to what the grammar allows and verified under the same mask at
-each position (grammar.py), and a sampled one does not speculate.
-
-A served VLM's request carries an image (#16): the step that first schedules it runs the
-encoder over every new image in one batch, and the projected vectors fill the request's first
-positions as it prefills, chunked and cached in blocks like text, kept across a preemption.
+- serve.prefix_caching (kv_cache.py, scheduler.py): a request reads the cached blocks of its
+  longest shared prefix; their keys and values are the ones it would compute (the same model
+  on the same tokens, up to float rounding), so its output is the same; a recompute after a
+  preemption reuses its own blocks while they are cached. `cached_tokens` counts the prompt
+  tokens it read at its first admission (usage.prompt_tokens_details.cached_tokens).
+- serve.speculative_tokens (speculative.py): a decoding request's draft runs with its last
+  token in one step; greedy keeps plain greedy decoding's tokens, sampled the rejection rule's
+  (plain sampling's distribution). `accepted` / `drafted`: the engine's and each request's.
+- a request's `constraint` (grammar.py): its logits are masked to what its grammar allows; a
+  greedy one's drafts are cut and verified under the mask, a sampled one does not speculate.
+- a VLM's image (#16, paged_model.py): the step that first schedules it runs the encoder over
+  every new image in one batch; the projected vectors fill the request's first positions as
+  it prefills, chunked and cached in blocks like text, kept across a preemption.
 
 One rule for every path: a request stops at the model's end of text (`eos_id`) or one of its
 `stop_token_ids`, and that token is part of its generated ids (an RL sequence is `<bos> prompt
-response <eos>`) but never of its text; sampling is sampling.py's (temperature 0 greedy, top-k,
-top-p, a generator per request seeded by its own seed, so its draws do not depend on what else
-is in the batch); with `logprobs`, each sampled token's log-probability at temperature 1 (and
-its `top_logprobs` most likely alternatives'). Only ids of the tokenizer (`vocab`) are ever
-sampled: a checkpoint whose embedding has more rows than its tokenizer has ids (vocabularies
-padded to a multiple of 64 or 128, as published checkpoints often are) has logits for ids that
-decode to nothing, and those are cut off before sampling and before a draft is verified. The
-log-probabilities stay those of the model's full softmax (what the RL trainer recomputes from
-the logits).
+response <eos>`) but never of its text; sampling and `logprobs` are sampling.py's. Only ids of
+the tokenizer (`vocab`) are ever sampled: a checkpoint whose embedding has more rows than its
+tokenizer has ids (vocabularies padded to a multiple of 64 or 128, as published checkpoints
+often are) has logits for ids that decode to nothing, cut off before sampling and before a
+draft is verified. The log-probabilities stay those of the model's full softmax (what the RL
+trainer recomputes from the logits).
 """
 
 import enum

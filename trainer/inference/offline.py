@@ -9,10 +9,6 @@ for the whole batch, so nothing waits for a block. The model is read in place: i
 parameters, as they are at the call (an RL policy mid-training), never a copy. A VLM passes its
 language model, `embed_images` and `image_tokens`; a prompt's image is read in front of its ids,
 as the VLM trained (`[image tokens] <bos> text`).
-
-A completion's `token_ids` end with the stop token when one ended it; its `text` never shows
-it. `logprobs[i]` is log_softmax of the fp32 logits at temperature 1 at token_ids[i]
-(sampling.py): the log pi(token) the RL trainer recomputes, whatever temperature drew it.
 """
 
 from collections.abc import Callable, Sequence
@@ -42,7 +38,9 @@ class Completion:
     token_ids: list[int]  # generated ids, the stop token included when one ended it
     text: str  # their text ("" without a `decode`), never the stop token's
     finish: FinishReason
-    logprobs: list[float]  # of each generated token at temperature 1 (module docstring)
+    # log_softmax of the fp32 logits at temperature 1 at each token (sampling.py): the log
+    # pi(token) the RL trainer recomputes, whatever temperature drew it
+    logprobs: list[float]
 
 
 def _no_text(ids: list[int]) -> str:

@@ -20,7 +20,6 @@ import torch
 from PIL import Image
 
 from protos import defaults, trainer_config_pb2
-from protos.trainer_config_pb2 import GenerateConfig
 from trainer.data.images import load_image
 from trainer.generate import generate as generate_job_sampling
 from trainer.inference import offline
@@ -42,7 +41,6 @@ from trainer.serve.server import Server
 from trainer.serve.testing import start_server
 from trainer.vlm.ask import image_message
 from trainer.vlm.evaluate import answer
-from trainer.vlm.generate import generate as vlm_generate
 from trainer.vlm.model import VisionLanguageModel
 
 torch.set_num_threads(1)
@@ -207,8 +205,10 @@ def test_every_image_path_gives_the_same_answer(vlm, vlm_server, knobs):
             vlm.lm, [offline.Prompt(ids(QUESTION), image)], params, eos_id=EOS,
             embed_images=vlm.embed_images, image_tokens=vlm.image_tokens, decode=decode,
         )  # fmt: skip
-        g = GenerateConfig(max_new_tokens=NEW, seed=seed, **knobs)
-        job, _ = vlm_generate(vlm, image, ids(QUESTION), g, EOS)
+        job, _ = generate_job_sampling(
+            vlm.lm, ids(QUESTION), NEW, seed=seed, stop_id=EOS, max_len=vlm.lm.rope.cos.shape[0],
+            image=image, embed_images=vlm.embed_images, image_tokens=vlm.image_tokens, **knobs,
+        )  # fmt: skip
         served = post(
             vlm_server, "/v1/chat/completions",
             {"model": "vlm", "messages": [image_message(data, QUESTION)], "max_tokens": NEW,

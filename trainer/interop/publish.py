@@ -9,7 +9,7 @@ import os
 import shutil
 from pathlib import Path
 
-from protos.files import FileDigest, fsync_dir, json_bytes, write_bytes
+from protos.files import FileDigest, json_bytes, replace_dir, write_bytes
 
 CHECKSUMS = "kitchen_checksums.json"  # {file: {bytes, sha256}} of every other file
 
@@ -31,12 +31,8 @@ def publish(final: Path, files: dict[str, bytes], replaceable: bool) -> dict[str
         digests = {name: write_bytes(str(tmp / name), data) for name, data in files.items()}
         record = {name: {"bytes": d.bytes, "sha256": d.sha256} for name, d in digests.items()}
         write_bytes(str(tmp / CHECKSUMS), json_bytes(record))
-        fsync_dir(str(tmp))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        replace_dir(str(tmp), str(final))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    fsync_dir(str(final.parent))
     return digests

@@ -19,8 +19,6 @@ from trainer.inference import offline
 from trainer.inference.engine import SamplingParams
 from trainer.model import Transformer
 
-HEAD_FILE = "head.pt"  # a REWARD checkpoint's scalar head, beside model.pt
-
 
 @dataclasses.dataclass
 class Loaded:

@@ -76,6 +76,9 @@ class ServeMetrics:
         def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, labels, registry=self.registry).labels(*values)
 
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, labels, registry=self.registry).labels(*values)
+
         self.time_to_first_token = hist(
             "kitchen_serve_time_to_first_token_seconds", "From arrival to the first token."
         )
@@ -85,24 +88,18 @@ class ServeMetrics:
         self.e2e_latency = hist(
             "kitchen_serve_e2e_request_latency_seconds", "From arrival to the last token."
         )
-        self.generation_tokens = Counter(
-            "kitchen_serve_generation_tokens", "Tokens generated.", labels, registry=self.registry
-        ).labels(*values)
-        self.prompt_tokens = Counter(
-            "kitchen_serve_prompt_tokens", "Prompt tokens admitted.", labels, registry=self.registry
-        ).labels(*values)
+        self.generation_tokens = counter("kitchen_serve_generation_tokens", "Tokens generated.")
+        self.prompt_tokens = counter("kitchen_serve_prompt_tokens", "Prompt tokens admitted.")
         self.requests = Counter(
             "kitchen_serve_requests",
             "Requests ended, by finish reason (stop, length, abort) or rejected (overloaded).",
             [*labels, "finish_reason"],
             registry=self.registry,
         )
-        self.preemptions = Counter(
+        self.preemptions = counter(
             "kitchen_serve_preemptions",
             "Requests preempted for KV-cache blocks (recomputed later).",
-            labels,
-            registry=self.registry,
-        ).labels(*values)
+        )
         self.running = gauge("kitchen_serve_num_requests_running", "Requests in the batch.")
         self.waiting = gauge("kitchen_serve_num_requests_waiting", "Requests queued.")
         self.blocks_used = gauge("kitchen_serve_kv_cache_blocks_used", "KV-cache blocks held.")
@@ -113,41 +110,31 @@ class ServeMetrics:
         )
         # The prefix cache's hit rate is cached / prompt tokens (vLLM's prefix_cache_hits /
         # prefix_cache_queries, in tokens).
-        self.cached_tokens = Counter(
+        self.cached_tokens = counter(
             "kitchen_serve_prefix_cached_tokens",
             "Prompt tokens read from the prefix cache instead of computed.",
-            labels,
-            registry=self.registry,
-        ).labels(*values)
+        )
         # Speculative decoding's acceptance rate is accepted / draft tokens (vLLM's
         # spec_decode_num_accepted_tokens / spec_decode_num_draft_tokens).
-        self.draft_tokens = Counter(
+        self.draft_tokens = counter(
             "kitchen_serve_spec_decode_draft_tokens",
             "Tokens proposed by speculative decoding's draft (prompt lookup or a draft model).",
-            labels,
-            registry=self.registry,
-        ).labels(*values)
-        self.accepted_tokens = Counter(
+        )
+        self.accepted_tokens = counter(
             "kitchen_serve_spec_decode_accepted_tokens",
             "Draft tokens the model verified and kept (greedy: its own choice; sampled: the "
             "rejection rule).",
-            labels,
-            registry=self.registry,
-        ).labels(*values)
+        )
         # Structured output's grammar time per token is grammar seconds / grammar tokens: the
         # time masks, draft checks and the matchers' construction took, per masked position.
-        self.grammar_seconds = Counter(
+        self.grammar_seconds = counter(
             "kitchen_serve_grammar_seconds",
             "Time structured output's grammars took (token masks, draft checks, compiling).",
-            labels,
-            registry=self.registry,
-        ).labels(*values)
-        self.grammar_tokens = Counter(
+        )
+        self.grammar_tokens = counter(
             "kitchen_serve_grammar_tokens",
             "Positions structured output's grammars masked.",
-            labels,
-            registry=self.registry,
-        ).labels(*values)
+        )
         self._values = values
 
     def ended(self, reason: str) -> None:

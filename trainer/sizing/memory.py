@@ -20,15 +20,13 @@ b = micro batch, h = hidden size, a = attention heads, 16-bit activations, no te
 
 The 34 counts 16 hidden-sized tensors of 2 bytes (attention 5, MLP 9, norms 2) plus two 1-byte
 dropout masks; the 5 counts the softmax output and the dropout output (2 bytes each) plus the
-dropout mask (1 byte). `layer_activations` makes those counts explicit and one formula serves
-the plan and the per-layout costing (recommend.py): `sizes` the bytes by precision (fp32
-4-byte elements; autocast an fp32 residual and a 16-bit cast per projection), `dropout` off
-for Llama-style blocks (Kitchen's), which leaves s·b·h·(16·e + a·s·e/h) at one size e,
-`kv_heads` and `ffn_dim` for grouped-query attention and a SwiGLU MLP. Flash attention
-(SDPA's kernels on a GPU, the variable-length path) never stores the a·s² scores: it
-recomputes them inside its backward, which is Korthikanti's selective recomputation done by
-the kernel, so with `flash_attention` "none" costs what "selective" costs (plus a logsumexp
-of 4·a·s·b bytes, negligible).
+dropout mask (1 byte). `layer_activations` makes those counts explicit (by precision, for
+grouped-query attention and a SwiGLU MLP: its docstring), one formula for the plan and the
+per-layout costing (recommend.py); without dropout (Llama-style blocks, Kitchen's) they leave
+s·b·h·(16·e + a·s·e/h) at one element size e. Flash attention (SDPA's kernels on a GPU, the
+variable-length path) never stores the a·s² scores: it recomputes them inside its backward,
+which is Korthikanti's selective recomputation done by the kernel, so with `flash_attention`
+"none" costs what "selective" costs (plus a logsumexp of 4·a·s·b bytes, negligible).
 
 Korthikanti's count is what is saved; the peak adds what the backward pass builds while it runs:
 the gradient of the fp32 logits (4·s·b·V, gone with a fused linear cross-entropy) and, with

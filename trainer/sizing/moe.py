@@ -128,7 +128,6 @@ class MoEPreset:
     shape: dict  # plan.py's shape keys: layers, dim, heads, kv_heads, ffn_dim (dense), vocab
     spec: MoESpec
     attention_per_layer: int | None = None  # None: grouped-query attention from the shape
-    published: tuple[float, float] = (0.0, 0.0)  # (total, active) as announced
 
 
 PRESETS = {
@@ -136,14 +135,12 @@ PRESETS = {
     "mixtral-8x7b": MoEPreset(
         shape=dict(layers=32, dim=4096, heads=32, kv_heads=8, ffn_dim=14336, vocab=32000),
         spec=MoESpec(experts=8, top_k=2, expert_ffn_dim=14336),
-        published=(46.7e9, 12.9e9),
     ),
     # DeepSeek-AI, "DeepSeek-V3 Technical Report" (2024), and its config.json.
     "deepseek-v3": MoEPreset(
         shape=dict(layers=61, dim=7168, heads=128, kv_heads=128, ffn_dim=18432, vocab=129280),
         spec=MoESpec(experts=256, top_k=8, expert_ffn_dim=2048, shared_experts=1, first_dense=3),
         attention_per_layer=mla_attention_params(7168, 128, 1536, 512, 128, 64, 128),
-        published=(671e9, 37e9),
     ),
     # Qwen team, "Qwen3 Technical Report" (2025), and Qwen3-30B-A3B's config.json: heads of
     # 128 on dim 2048 (not 2048/32 = 64), every layer MoE (its intermediate_size 6144 unused).
@@ -153,7 +150,6 @@ PRESETS = {
             layers=48, dim=2048, heads=32, kv_heads=4, head_dim=128, ffn_dim=6144, vocab=151936
         ),
         spec=MoESpec(experts=128, top_k=8, expert_ffn_dim=768),
-        published=(30.5e9, 3.3e9),
     ),
 }
 

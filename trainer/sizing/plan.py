@@ -21,6 +21,7 @@ from protos.defaults import SECTIONS, ffn_dim_for
 from trainer.sizing import batch, flops, memory, plan_memory, plan_moe, plan_vision
 from trainer.sizing import moe as moe_sizing
 from trainer.sizing.accelerators import ACCELERATORS, match_accelerator
+from trainer.sizing.comm import ModelShape
 from trainer.sizing.params import llama_param_count
 from trainer.sizing.plan_flags import PlanError, count
 from trainer.sizing.precision import SPECS, Precision, default_precision, from_config_dtype
@@ -30,7 +31,6 @@ from trainer.sizing.report import (
     CriticalBatchPrior,
     ModelSection,
     Plan,
-    Shape,
     TimeSection,
     q,
     render,
@@ -123,15 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def layout_costs(plan: Plan, a: argparse.Namespace):
     """(costs fastest first, the recommendation, why) for the layouts of `a.gpus`."""
-    from trainer.sizing import comm, recommend
+    from trainer.sizing import recommend
 
-    s = plan.model.shape
-    shape = comm.ModelShape(
-        s.layers, s.dim, s.heads, s.kv_heads, s.ffn_dim, s.vocab, s.tie_embeddings, s.head_dim
-    )
     gb = int(plan.batch.global_batch.value or 1)
     costs = recommend.candidates(
-        shape,
+        plan.model.shape,
         a.gpus,
         a.seq_len,
         global_batch=gb,
@@ -144,7 +140,7 @@ def layout_costs(plan: Plan, a: argparse.Namespace):
     return (costs, *recommend.recommend(costs))
 
 
-def _shape(a: argparse.Namespace) -> Shape:
+def _shape(a: argparse.Namespace) -> ModelShape:
     preset = PRESETS.get(a.preset) or (a.preset and moe_sizing.PRESETS[a.preset].shape)
     shape: dict[str, Any] = dict(preset) if preset else {}
     shape["tie_embeddings"] = False if a.preset else SECTIONS["model"]["tie_embeddings"].default
@@ -171,7 +167,7 @@ def _shape(a: argparse.Namespace) -> Shape:
         raise PlanError(f"--kv-heads: {shape['kv_heads']} does not divide --heads {shape['heads']}")
     if shape["ffn_dim"] <= 0:
         raise PlanError(f"--ffn-dim: {shape['ffn_dim']} must be positive")
-    return Shape(**shape)
+    return ModelShape(**shape)
 
 
 def _hardware(a: argparse.Namespace) -> tuple[str, float, str, float]:

@@ -5,9 +5,10 @@ precision.py)."""
 from typing import Any
 
 from trainer.sizing import memory
+from trainer.sizing.comm import ModelShape
 from trainer.sizing.params import llama_param_count
 from trainer.sizing.precision import SPECS, Precision
-from trainer.sizing.report import Fit, MemorySection, ModelStates, Shape, q
+from trainer.sizing.report import Fit, MemorySection, ModelStates, q
 
 
 def _per_param_formula(per_param: float, sharded: bool) -> str:
@@ -15,7 +16,7 @@ def _per_param_formula(per_param: float, sharded: bool) -> str:
 
 
 def section(
-    s: Shape,
+    s: ModelShape,
     precision: Precision,
     *,
     held_params: float,

@@ -3,8 +3,9 @@
 import argparse
 
 from trainer.sizing import moe as moe_sizing
+from trainer.sizing.comm import ModelShape
 from trainer.sizing.plan_flags import PlanError
-from trainer.sizing.report import BatchSection, Shape
+from trainer.sizing.report import BatchSection
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -20,7 +21,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     e.add_argument("--expert-parallel", type=int, default=1, help="ranks sharing experts (1)")
 
 
-def spec(a: argparse.Namespace, s: Shape) -> moe_sizing.MoESpec | None:
+def spec(a: argparse.Namespace, s: ModelShape) -> moe_sizing.MoESpec | None:
     if a.preset in moe_sizing.PRESETS and a.experts is None:
         return moe_sizing.PRESETS[a.preset].spec
     if a.experts is None:
@@ -50,7 +51,7 @@ def spec(a: argparse.Namespace, s: Shape) -> moe_sizing.MoESpec | None:
     return moe_spec
 
 
-def experts(a: argparse.Namespace, s: Shape) -> moe_sizing.MoEParamCount | None:
+def experts(a: argparse.Namespace, s: ModelShape) -> moe_sizing.MoEParamCount | None:
     """The parameter count of a mixture-of-experts model; None for a dense one."""
     moe_spec = spec(a, s)
     if moe_spec is None:
@@ -75,7 +76,7 @@ def experts(a: argparse.Namespace, s: Shape) -> moe_sizing.MoEParamCount | None:
 
 def section(
     a: argparse.Namespace,
-    s: Shape,
+    s: ModelShape,
     count: moe_sizing.MoEParamCount | None,
     batch_section: BatchSection,
     bytes_per_element: int,

@@ -5,6 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from trainer.sizing.comm import ModelShape
 from trainer.sizing.memory import GIB
 
 SHARDING_LABELS = {"ddp": "DDP", "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3/FSDP"}
@@ -23,20 +24,8 @@ q = Quantity
 
 
 @dataclass(frozen=True)
-class Shape:
-    layers: int
-    dim: int
-    heads: int
-    kv_heads: int
-    ffn_dim: int
-    vocab: int
-    tie_embeddings: bool
-    head_dim: int
-
-
-@dataclass(frozen=True)
 class ModelSection:
-    shape: Shape
+    shape: ModelShape
     parameters: Quantity
     params_per_layer: Quantity
     non_embedding: Quantity

@@ -55,12 +55,6 @@ QUESTIONS = {
     QuestionType.COUNT: "how many shapes are there?",
     QuestionType.POSITION: "where is the shape?",
 }
-ANSWERS = {
-    QuestionType.COLOR: tuple(COLORS),
-    QuestionType.SHAPE: SHAPES,
-    QuestionType.COUNT: COUNTS,
-    QuestionType.POSITION: CELLS,
-}
 
 
 @dataclass(frozen=True)

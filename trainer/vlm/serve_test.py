@@ -19,11 +19,11 @@ import torch
 from protos import attempt_pb2
 from protos.config_yaml import load_job_spec
 from protos.exit_codes import ExitCode
-from protos.trainer_config_pb2 import GenerateConfig
 from protos.validation import validate_job_spec
 from trainer import distributed, main
 from trainer.data.images import load_image
 from trainer.data.tokenizer import load_tokenizer
+from trainer.generate import generate
 from trainer.inference.engine import IMAGE_PLACEHOLDER, Engine, Request, SamplingParams
 from trainer.inference.testing import serve_config
 from trainer.jobs.context import JobContext
@@ -32,7 +32,6 @@ from trainer.testing import start_trainer, write_job
 from trainer.vlm import scenes
 from trainer.vlm.ask import data_url, image_message
 from trainer.vlm.checkpoints import load_vlm
-from trainer.vlm.generate import generate
 from trainer.vlm.testing import vlm_job, write_scenes
 
 torch.set_num_threads(1)
@@ -69,11 +68,14 @@ def reference(trained):
 
 
 def greedy(reference, png: bytes, text: str = QUESTION) -> str:
-    """The `generate` job's answer (trainer/vlm/generate.py) to `text` about the image."""
+    """The `generate` job's answer (trainer/generate.py) to `text` about the image."""
     model, tok = reference
     image = torch.from_numpy(load_image(io.BytesIO(png), model.cfg.vision.image_size).copy())
-    g = GenerateConfig(temperature=0, max_new_tokens=MAX_TOKENS)
-    new, _ = generate(model, image, [tok.bos_id, *tok.encode(text)], g, tok.eos_id)
+    new, _ = generate(
+        model.lm, [tok.bos_id, *tok.encode(text)], MAX_TOKENS, temperature=0,
+        stop_id=tok.eos_id, max_len=model.lm.rope.cos.shape[0], vocab=tok.vocab_size,
+        image=image, embed_images=model.embed_images, image_tokens=model.image_tokens,
+    )  # fmt: skip
     return tok.decode(new)
 
 
