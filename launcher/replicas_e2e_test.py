@@ -9,6 +9,7 @@
 Takeover times are printed, never asserted (they follow the machine's load); the soak
 (launcher/bench/chaos_soak.py) measures them."""
 
+import contextlib
 import io
 import os
 import signal
@@ -22,7 +23,7 @@ from launcher.client import Client
 from launcher.server import LOST_LEASE_EXIT
 from launcher.testdata import harness as h
 from launcher.testdata.postgres import running_postgres
-from launcher.testdata.replicas import LEASE_SECONDS, leader, replicas, start_replicas
+from launcher.testdata.replicas import LEASE_SECONDS, leader, leading, replicas
 from launcher.transitions import seconds
 from protos import job_pb2
 
@@ -44,11 +45,7 @@ def test_the_leader_killed_the_other_replica_adopts_its_jobs(postgres_server, tm
     dsn = postgres_server.create_database("failover")
     a, b = replicas(tmp_path, dsn)
     h.behave(tmp_path, "long", steps=STEPS, step_seconds=0.15)
-    client = follower = None
-    try:
-        epoch = start_replicas(dsn, a, b)
-        client = Client(f"{a.address},{b.address}")
-        follower = Client(b.address)
+    with leading(dsn, a, b) as (epoch, client), contextlib.closing(Client(b.address)) as follower:
         long = client.submit(h.spec("long"))
         first = follower.submit(h.spec("first", steps=2))  # stored by the follower: one node,
         second = follower.submit(h.spec("second", steps=2))  # so they wait behind `long`
@@ -82,12 +79,6 @@ def test_the_leader_killed_the_other_replica_adopts_its_jobs(postgres_server, tm
             ran_once(job, 2)
         assert seconds(done[0].started) < seconds(done[1].started)  # queue order kept
         assert seconds(done[0].started) >= seconds(client.get(long.id).finished)
-    finally:
-        for c in (client, follower):
-            if c is not None:
-                c.close()
-        a.stop()
-        b.stop()
     assert f"{third.id}: cancelled as another replica was asked to" in a.log_path.read_text()
     log = b.log_path.read_text()
     assert f"took the lease as epoch {epoch + 1}" in log
@@ -98,10 +89,7 @@ def test_a_paused_leader_cannot_act_once_replaced(postgres_server, tmp_path):
     dsn = postgres_server.create_database("paused")
     a, b = replicas(tmp_path, dsn)
     h.behave(tmp_path, "long", steps=STEPS, step_seconds=0.15)
-    client = None
-    try:
-        epoch = start_replicas(dsn, a, b)
-        client = Client(f"{a.address},{b.address}")
+    with leading(dsn, a, b) as (epoch, client):
         long = client.submit(h.spec("long"))
         h.wait_for_step(client, long.id, 3)
         assert a.proc is not None
@@ -113,11 +101,6 @@ def test_a_paused_leader_cannot_act_once_replaced(postgres_server, tmp_path):
         assert a.proc.wait(30) == LOST_LEASE_EXIT
         ran_once(h.wait_for(client, long.id, h.FINAL, timeout=60), STEPS)
         assert leader(dsn) == (epoch + 1, b.address)
-    finally:
-        if client is not None:
-            client.close()
-        a.stop()
-        b.stop()
     assert "lost the leader lease" in a.log_path.read_text()
 
 
@@ -125,10 +108,7 @@ def test_a_running_job_cancelled_through_the_follower(postgres_server, tmp_path)
     dsn = postgres_server.create_database("cancel")
     a, b = replicas(tmp_path, dsn)
     h.behave(tmp_path, "long", steps=STEPS, step_seconds=0.15)
-    client = follower = None
-    try:
-        start_replicas(dsn, a, b)
-        client, follower = Client(a.address), Client(b.address)
+    with leading(dsn, a, b) as (_, client), contextlib.closing(Client(b.address)) as follower:
         long = client.submit(h.spec("long"))
         h.wait_for_step(client, long.id, 3)
         answered = follower.cancel(long.id)  # answered once the leader has acted on it
@@ -136,10 +116,4 @@ def test_a_running_job_cancelled_through_the_follower(postgres_server, tmp_path)
         done = h.wait_for(client, long.id, h.FINAL, timeout=60)
         assert (done.state, done.attempts) == (job_pb2.CANCELLED, 1), done
         assert h.steps_log(done)[-1][1] < STEPS  # stopped mid-run
-    finally:
-        for c in (client, follower):
-            if c is not None:
-                c.close()
-        a.stop()
-        b.stop()
     assert f"{long.id}: cancelled as another replica was asked to" in a.log_path.read_text()

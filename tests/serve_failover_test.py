@@ -7,6 +7,7 @@ restarted; its heartbeats reach the new leader, so it is not taken for hung), an
 through the new leader drains and stops it. The failover time and the number of requests are
 printed, never asserted; the count of failed requests is asserted: 0."""
 
+import contextlib
 import os
 import sys
 import threading
@@ -15,12 +16,11 @@ import time
 import openai
 import pytest
 
-from launcher.client import Client
 from launcher.executors.attempt_wrapper import start_ticks
 from launcher.executors.base import attempt_dir
 from launcher.testdata import harness as h
 from launcher.testdata.postgres import running_postgres
-from launcher.testdata.replicas import LEASE_SECONDS, leader, replicas, start_replicas
+from launcher.testdata.replicas import LEASE_SECONDS, leader, leading, replicas
 from protos import job_pb2
 from protos.config_yaml import job_spec_from_dict
 from trainer import testing
@@ -73,10 +73,7 @@ def test_serve_endpoint_stays_up_through_a_leader_killed(tmp_path):
     with running_postgres() as pg:
         dsn = pg.create_database("serve")
         a, b = replicas(tmp_path, dsn, cfg=cfg)
-        client = poller = None
-        try:
-            epoch = start_replicas(dsn, a, b)
-            client = Client(f"{a.address},{b.address}")
+        with leading(dsn, a, b) as (epoch, client), contextlib.ExitStack() as cleanup:
             trained = client.submit(job_spec_from_dict(train))
             trained = h.wait_for(client, trained.id, h.FINAL, timeout=300)
             assert trained.state == job_pb2.SUCCEEDED, trained.exit_reason
@@ -91,6 +88,7 @@ def test_serve_endpoint_stays_up_through_a_leader_killed(tmp_path):
             before = trainer_process(job)
             poller = Poller(job.progress.endpoint)
             poller.start()
+            cleanup.callback(poller.done.set)
             h.wait_until(lambda: poller.ok >= 3, "three answers before the kill", timeout=60)
 
             killed = time.monotonic()
@@ -125,13 +123,6 @@ def test_serve_endpoint_stays_up_through_a_leader_killed(tmp_path):
             assert done.state == job_pb2.CANCELLED, done.exit_reason
             output = attempt_dir(done.run_dir, 1) + "/output.log"
             assert "stopped (drained)" in open(output).read()
-        finally:
-            if poller is not None:
-                poller.done.set()
-            if client is not None:
-                client.close()
-            a.stop()
-            b.stop()
     log = b.log_path.read_text()
     assert f"took the lease as epoch {epoch + 1}" in log
     assert f"leader (epoch {epoch + 1}): 1 running and 0 queued jobs adopted" in log

@@ -1,9 +1,13 @@
 """Launcher replicas on one real PostgreSQL, as real processes (launcher/leader.py): what the
 failover tests share (launcher/replicas_e2e_test.py, tests/serve_failover_test.py,
-tests/precook_failover_test.py)."""
+tests/precook_tasks_test.py)."""
+
+import contextlib
+from collections.abc import Iterator
 
 import psycopg
 
+from launcher.client import Client
 from launcher.testdata import harness as h
 from protos import launcher_pb2
 
@@ -42,9 +46,17 @@ def leader(dsn: str) -> tuple[int, str]:
     return row[0], row[1]
 
 
-def start_replicas(dsn: str, a: h.LauncherProcess, b: h.LauncherProcess) -> int:
-    """Starts a, waits until it leads, then b; returns a's epoch."""
-    a.start().close()
-    h.wait_until(lambda: leader(dsn)[1] == a.address, "replica a takes the lease")
-    b.start().close()
-    return leader(dsn)[0]
+@contextlib.contextmanager
+def leading(dsn: str, a: h.LauncherProcess, b: h.LauncherProcess) -> Iterator[tuple[int, Client]]:
+    """Starts a, waits until it leads, then b; yields a's epoch and a client given both
+    addresses (a's first, so a failover shows). Closes the client and stops both on the way
+    out, whatever the test left running."""
+    try:
+        a.start().close()
+        h.wait_until(lambda: leader(dsn)[1] == a.address, "replica a takes the lease")
+        b.start().close()
+        with contextlib.closing(Client(f"{a.address},{b.address}")) as client:
+            yield leader(dsn)[0], client
+    finally:
+        a.stop()
+        b.stop()
