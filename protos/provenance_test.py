@@ -3,23 +3,10 @@ and each attempt's commit kept in order."""
 
 import json
 import os
-import shutil
-import subprocess
-
-import pytest
 
 from protos import provenance
+from protos.git_testing import commit_all, git, needs_git
 from protos.provenance import CodeVersion
-
-needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-
-
-def _git(repo, *args) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t")
-    env["GIT_COMMITTER_EMAIL"] = "t@t"
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
-    ).stdout.strip()
 
 
 @needs_git
@@ -28,10 +15,7 @@ def test_the_commit_of_the_work_tree_holding_the_code(tmp_path):
     (repo / "pkg").mkdir(parents=True)
     source = repo / "pkg" / "code.py"
     source.write_text("x = 1\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "one")
-    head = _git(repo, "rev-parse", "HEAD")
+    head = commit_all(repo)
     link = tmp_path / "runfiles" / "code.py"  # as Bazel's runfiles link to the source tree
     link.parent.mkdir()
     link.symlink_to(source)
@@ -73,10 +57,8 @@ def test_git_dirs_of_a_linked_work_tree(tmp_path):
     repo, tree = tmp_path / "repo", tmp_path / "tree"
     (repo / "pkg").mkdir(parents=True)
     (repo / "pkg" / "code.py").write_text("")
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "one")
-    _git(repo, "worktree", "add", "-q", "-b", "side", str(tree))
+    commit_all(repo)
+    git(repo, "worktree", "add", "-q", "-b", "side", str(tree))
     assert provenance.git_dirs(str(repo / "pkg" / "code.py")) == []  # .git is inside the tree
     assert provenance.git_dirs(str(tree / "pkg" / "code.py")) == [
         str(repo / ".git" / "worktrees" / "tree"),

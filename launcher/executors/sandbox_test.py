@@ -5,7 +5,6 @@ after submit is refused when the attempt starts."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from launcher.executors.local import LocalExecutor
 from launcher.testdata.harness import config, spec, started, wait_for
 from protos import attempt_pb2, job_pb2, launcher_pb2, provenance
 from protos.config_yaml import ConfigError
+from protos.git_testing import commit_all, git, needs_git
 
 HOSTILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "testdata", "hostile_trainer.py")
 SECRET = "s3cret-the-launcher-holds-7f3a"
@@ -230,27 +230,17 @@ def test_the_store_connection_string_file_is_one_of_the_launchers_secrets(tmp_pa
     assert sandbox.launcher_secrets(cfg) == [str(tmp_path / "tokens.yaml"), str(dsn)]
 
 
-def _git(repo, *args) -> str:
-    env = dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t")
-    env["GIT_COMMITTER_EMAIL"] = "t@t"
-    return subprocess.run(
-        ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
-    ).stdout.strip()
-
-
-@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
+@needs_git
 def test_a_sandboxed_trainer_in_a_git_worktree_records_its_commit(world):
     """The code lies in a linked work tree (`git worktree add`), whose `.git` file names a git
     dir outside it: the sandbox shows that dir too, so the trainer's provenance has the commit."""
     repo, tree = world / "repo", world / "tree"
     repo.mkdir()
     (repo / "code.py").write_text("x = 1\n")
-    _git(repo, "init", "-q")
-    _git(repo, "add", ".")
-    _git(repo, "commit", "-qm", "one")
-    _git(repo, "worktree", "add", "-q", "-b", "side", str(tree))
+    commit_all(repo)
+    git(repo, "worktree", "add", "-q", "-b", "side", str(tree))
     assert (tree / ".git").is_file()
-    head = _git(tree, "rev-parse", "HEAD")
+    head = git(tree, "rev-parse", "HEAD")
     kitchen = os.path.dirname(os.path.dirname(os.path.abspath(provenance.__file__)))
     env = {"PYTHONPATH": os.pathsep.join([str(tree), kitchen]), "PATH": "/usr/bin:/bin"}
     resolved = settings.resolve(cfg_of(world, launcher_pb2.SANDBOX_BWRAP))
