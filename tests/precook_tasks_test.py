@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 
 from launcher import cli
-from launcher.client import Client
 from launcher.executors import task_array
 from launcher.executors.base import attempt_dir
-from launcher.executors.slurm_cluster import MISSING, one_node_cluster
+from launcher.executors.slurm_cluster import MISSING, POOL, one_node_cluster
 from launcher.testdata import harness as h
 from launcher.testdata.postgres import running_postgres
-from launcher.testdata.replicas import leader, replicas, start_replicas
+from launcher.testdata.replicas import leader, leading, replicas
 from protos import job_pb2, launcher_pb2, trainer_config_pb2
 from protos.validation import validate_job_spec
 from trainer.data import tasks, testdata
@@ -125,9 +124,7 @@ def test_local_pool_runs_four_processes_and_retries_a_failed_one_alone(data, one
 
 @pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
 def test_slurm_pool_runs_an_array_job_and_retries_a_failed_task_alone(data, one_process, tmp_path):
-    cfg = h.config(tmp_path)
-    del cfg.pools[:]
-    cfg.pools.add(name="slurm", executor=launcher_pb2.SLURM, nodes=1)
+    cfg = h.config(tmp_path, pools=[POOL])
     with one_node_cluster():
         done = run_with_a_failing_task(cfg, data, one_process, tmp_path)
     second = attempt_dir(done.run_dir, 2)
@@ -143,10 +140,7 @@ def run_through_a_failover(cfg: launcher_pb2.LauncherConfig, data, one_process, 
     with running_postgres() as pg:
         dsn = pg.create_database("precook")
         a, b = replicas(tmp_path, dsn, cfg=cfg)
-        client = None
-        try:
-            epoch = start_replicas(dsn, a, b)
-            client = Client(f"{a.address},{b.address}")
+        with leading(dsn, a, b) as (epoch, client):
             job = client.submit(job_spec)
             tasks_dir = os.path.join(attempt_dir(job.run_dir, 1), "tasks")
 
@@ -160,11 +154,6 @@ def run_through_a_failover(cfg: launcher_pb2.LauncherConfig, data, one_process, 
             h.wait_until(lambda: leader(dsn) == (epoch + 1, b.address), "b takes over", 60)
             done = h.wait_for(client, job.id, h.FINAL, timeout=300)
             print(f"precook failover: {finished_before} of {N_TASKS} tasks done at the kill")
-        finally:
-            if client is not None:
-                client.close()
-            a.stop()
-            b.stop()
     assert (done.state, done.attempts, done.failures) == (job_pb2.SUCCEEDED, 1, 0), done
     assert exit_codes(done.run_dir, 1) == dict.fromkeys(range(N_TASKS), 0)  # each once
     assert f"re-attached {done.id} (RUNNING, attempt 1)" in b.log_path.read_text()
@@ -181,8 +170,6 @@ def test_local_pool_array_completes_on_the_new_leader(data, one_process, tmp_pat
 
 @pytest.mark.skipif(bool(MISSING), reason=f"Slurm/munge binaries missing: {MISSING}")
 def test_slurm_pool_array_completes_on_the_new_leader(data, one_process, tmp_path):
-    cfg = h.config(tmp_path)
-    del cfg.pools[:]
-    cfg.pools.add(name="slurm", executor=launcher_pb2.SLURM, nodes=1)
+    cfg = h.config(tmp_path, pools=[POOL])
     with one_node_cluster():
         run_through_a_failover(cfg, data, one_process, tmp_path)

@@ -11,8 +11,12 @@ import subprocess
 import tempfile
 import time
 
+from protos import launcher_pb2
+
 DAEMONS = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol"]
 MISSING = [d for d in DAEMONS if not shutil.which(d) and not os.path.exists(f"/usr/sbin/{d}")]
+# The launcher's pool of that one node (LauncherConfig.pools).
+POOL = launcher_pb2.PoolConfig(name="slurm", executor=launcher_pb2.SLURM, nodes=1)
 
 
 def binary(name):

@@ -9,7 +9,7 @@ import pytest
 
 from launcher.executors.base import Launch, Status, attempt_dir
 from launcher.executors.slurm import SlurmExecutor
-from launcher.executors.slurm_cluster import MISSING, one_node_cluster
+from launcher.executors.slurm_cluster import MISSING, POOL, one_node_cluster
 from launcher.executors.slurm_cluster import wait_until as _wait
 from launcher.testdata import harness as h
 from protos import attempt_pb2, job_pb2, launcher_pb2
@@ -85,9 +85,7 @@ def test_sigterm_via_scancel_and_finding_a_job_by_name(slurm, tmp_path):
 
 
 def test_launcher_with_a_slurm_pool(slurm, tmp_path):
-    cfg = h.config(tmp_path)
-    del cfg.pools[:]
-    cfg.pools.add(name="slurm", executor=launcher_pb2.SLURM, nodes=1)
+    cfg = h.config(tmp_path, pools=[POOL])
     with h.started(cfg) as (launcher, client):
         job = client.submit(h.spec("via-slurm", steps=4))
         done = h.wait_for(client, job.id, h.FINAL, timeout=90)
@@ -110,9 +108,7 @@ def test_a_job_in_an_image_through_slurm(slurm, tmp_path, monkeypatch):
     if not os.path.isfile(os.path.join(layout, "index.json")):
         pytest.skip(f"{layout} is not built (bazel build //images:launcher)")
     monkeypatch.setenv("KITCHEN_CACHE_DIR", str(tmp_path / "cache"))  # sbatch passes it on
-    cfg = h.config(tmp_path)
-    del cfg.pools[:]
-    cfg.pools.add(name="slurm", executor=launcher_pb2.SLURM, nodes=1)
+    cfg = h.config(tmp_path, pools=[POOL])
     fake_trainer, behaviour = os.path.realpath(h.FAKE_TRAINER), str(tmp_path / "behaviour")
     cfg.images.entrypoint = f"python3 {fake_trainer} --behaviour-dir {behaviour}"
     cfg.images.binds.extend([os.path.dirname(fake_trainer), behaviour])
