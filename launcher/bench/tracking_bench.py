@@ -1,18 +1,19 @@
 """What MLflow tracking costs a training job: its step time with tracking on beside off.
 
-    bazel run //launcher/bench:tracking_bench -- [--pairs 8] [--steps 40] \
+    bazel run //launcher/bench:tracking_bench -- [--pairs 8] [--steps N] [--log-every N] \
         [--out launcher/bench/tracking_results.md]
 
 Two launchers in this process, on one machine at once: one writing every job to its embedded
 MLflow store (the default: `tracking.uri` ""), one with `tracking.uri: none`. The main job
-(configs/guide_pretrain.yaml, reporting every step, `log_every: 1`: the most tracking traffic
-a job makes) runs as many short jobs, interleaved on/off in pairs, each pair's order the
-reverse of the last (ABBA ABBA ...: a drift of the machine's load over a pair cancels), one
-job at a time. Each pair gives one ratio of the trainer's own median step times
-(metrics.jsonl, `step_time_seconds`, the first step left out); the result is the median of
-the pairs' ratios with its quartiles and range. Before the pairs each launcher runs a short
-warm-up job (MLflow's import and store tables, the precook cache). The tracked jobs' runs are
-then read back from MLflow, so the benchmark shows that tracking did its work.
+(configs/tiny.yaml, the README's first command, as it is configured: `log_every` 10 by default;
+`--log-every 1` reports every step, the most tracking traffic a job makes) runs as many jobs,
+interleaved on/off in pairs, each pair's order the reverse of the last (ABBA ABBA ...: a drift
+of the machine's load over a pair cancels), one job at a time. Each pair gives one ratio of the
+trainer's own median step times (metrics.jsonl, `step_time_seconds`, the first step left out);
+the result is the median of the pairs' ratios with its quartiles and range. Before the pairs
+each launcher runs a short warm-up job (MLflow's import and store tables, the precook cache).
+The tracked jobs' runs are then read back from MLflow, so the benchmark shows that tracking did
+its work.
 
 On a shared machine the step times move with the other sessions' load, so the benchmark also
 measures what tracking itself costs, which that load does not change: the CPU seconds of the
@@ -36,12 +37,13 @@ from launcher.client import Client
 from launcher.server import Launcher
 from launcher.settings import embedded_tracking_uri
 from launcher.submit import load_spec
+from launcher.tracking import records
 from launcher.tracking.tracker import Tracker
 from protos import job_pb2, launcher_pb2, progress_pb2
 from protos.paths import user_path
 from protos.progress_log import is_training_step, read_progress_log
 
-MAIN_JOB = "configs/guide_pretrain.yaml"
+MAIN_JOB = "configs/tiny.yaml"
 FINAL = (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED)
 
 
@@ -145,11 +147,14 @@ def writer_costs(root: str, repeats: int = 5) -> list[str]:
         tracker._flush_buffer()  # noqa: SLF001 (what the thread does every flush_seconds)
 
     costs: dict[str, list[float]] = {}
+    params = len(records.spec_params(spec))
     for i in range(repeats + 1):  # the first: MLflow's import and the store's tables
         job = job_pb2.Job(id=f"w{i}", spec=spec, run_dir=os.path.join(root, f"w{i}"))
         job.state = job_pb2.SUCCEEDED
         samples = {
-            "start (run, 167 params, tags, config)": timed(lambda j=job: tracker.job_started(j))
+            f"start (run, {params} params, tags, config)": timed(
+                lambda j=job: tracker.job_started(j)
+            )
         }
         for n in (1, 10, 100):
             samples[f"one flush of {n} steps"] = timed(lambda j=job, n=n: flush(j, n))
@@ -165,7 +170,10 @@ def writer_costs(root: str, repeats: int = 5) -> list[str]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--pairs", type=int, default=8, help="on/off pairs of jobs, orders alternating")
-    p.add_argument("--steps", type=int, default=40, help="train.steps of each job")
+    p.add_argument("--steps", type=int, help="train.steps of each job (default: the config's)")
+    p.add_argument(
+        "--log-every", type=int, help="train.log_every (default: the config's; 1 = every step)"
+    )
     p.add_argument("--out", help="also append the results (Markdown) to this file")
     p.add_argument("--writer-costs", action="store_true", help="only the writer's CPU per call")
     args = p.parse_args(argv)
@@ -187,8 +195,11 @@ def main(argv=None) -> None:
                 f.write("\n" + text)
         return
     spec = load_spec(workspace_file(MAIN_JOB))
-    spec.trainer.train.log_every = 1
-    spec.trainer.train.steps = args.steps
+    if args.log_every:
+        spec.trainer.train.log_every = args.log_every
+    if args.steps:
+        spec.trainer.train.steps = args.steps
+    steps_per_job, log_every = spec.trainer.train.steps, spec.trainer.train.log_every
     spec.trainer.data.cache_dir = os.path.join(root, "precook")  # one precook for both
     warmup = job_pb2.JobSpec()
     warmup.CopyFrom(spec)
@@ -219,7 +230,7 @@ def main(argv=None) -> None:
                     drained(tracker)
                     writer_cpu += thread_cpu_seconds("kitchen-tracking") - cpu
                     progress_cpu += clock.seconds - in_progress
-                    tracked_steps += len(steps) + 1  # every step was reported, the first too
+                    tracked_steps += steps_per_job
                     tracked_jobs.append(job)
             pairs.append(pair)
             print(
@@ -242,17 +253,21 @@ def main(argv=None) -> None:
     ratios = [pair[1] / pair[0] for pair in pairs]
     step_on = statistics.median(pair[1] for pair in pairs)
     cpu_per_step = (writer_cpu + progress_cpu) / tracked_steps
+    options = "".join(
+        f" --{name} {value}"
+        for name, value in (("steps", args.steps), ("log-every", args.log_every))
+        if value
+    )
     lines = [
         f"## {time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))} UTC, tracking on beside off, "
         f"{args.pairs} interleaved pairs",
         "",
         f"Run on {machine_at_start} (at the end: load average "
         f"{machine_at_end.split('average ')[1]}). Command: `bazel run "
-        f"//launcher/bench:tracking_bench -- --pairs {args.pairs} --steps "
-        f"{args.steps}`. Main job: {MAIN_JOB} with log_every 1 ({args.steps} steps, each "
-        f"reported); pairs in alternating order (on,off / off,on / ...), one job at a time; "
-        f"MLflow received every tracked step: {sum(logged)} loss values for "
-        f"{len(tracked_jobs)} x {args.steps} steps.",
+        f"//launcher/bench:tracking_bench -- --pairs {args.pairs}{options}`. Main job: "
+        f"{MAIN_JOB}, {steps_per_job} steps, log_every {log_every}; pairs in alternating order "
+        f"(on,off / off,on / ...), one job at a time; MLflow received every reported step: "
+        f"{sum(logged)} loss values for {len(tracked_jobs)} jobs x {steps_per_job} steps.",
         "",
         "| pair | order | median step, on | median step, off | on / off |",
         "| ---: | --- | ---: | ---: | ---: |",
@@ -268,7 +283,7 @@ def main(argv=None) -> None:
         f"Step time on / off, median of the pairs' ratios: {spread(ratios)}.",
         "",
         f"CPU that tracking itself used, over {len(tracked_jobs)} tracked jobs "
-        f"({tracked_steps} reported steps): writer thread {writer_cpu:.3f} s, "
+        f"({tracked_steps} training steps): writer thread {writer_cpu:.3f} s, "
         f"`Tracker.progress` calls {progress_cpu:.3f} s; {1000 * cpu_per_step:.3f} ms per "
         f"training step, against a median step of {1000 * step_on:.1f} ms: "
         f"{100 * cpu_per_step / step_on:.2f}% of one core's time per step.",
