@@ -40,6 +40,7 @@ from launcher.submit import load_spec
 from launcher.tracking import records
 from launcher.tracking.tracker import Tracker
 from protos import job_pb2, launcher_pb2, progress_pb2
+from protos.defaults import with_defaults
 from protos.paths import user_path
 from protos.progress_log import is_training_step, read_progress_log
 
@@ -199,7 +200,8 @@ def main(argv=None) -> None:
         spec.trainer.train.log_every = args.log_every
     if args.steps:
         spec.trainer.train.steps = args.steps
-    steps_per_job, log_every = spec.trainer.train.steps, spec.trainer.train.log_every
+    resolved = with_defaults(spec.trainer).train
+    steps_per_job, log_every = resolved.steps, resolved.log_every
     spec.trainer.data.cache_dir = os.path.join(root, "precook")  # one precook for both
     warmup = job_pb2.JobSpec()
     warmup.CopyFrom(spec)
