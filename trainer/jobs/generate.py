@@ -1,6 +1,9 @@
 """GENERATE: a checkpoint continues generate.prompt (with generate.image: a VLM answers about
 the image), printed with its speed."""
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 
 from protos.config_yaml import ConfigError
@@ -17,7 +20,7 @@ def run(ctx: JobContext) -> ExitCode:
         model, dataset, seen = _vlm_and_image(ctx)
     else:
         model, meta, path = load_checkpoint_model(ctx)
-        dataset, seen = dataset_of(ctx, meta, path), {}
+        dataset, seen = dataset_of(ctx, meta, path), SeenImage()
     tokenizer = load_tokenizer(dataset)
     new, tokens_per_s = generate(
         model,
@@ -30,7 +33,9 @@ def run(ctx: JobContext) -> ExitCode:
         stop_id=tokenizer.eos_id,
         max_len=model.rope.cos.shape[0],  # a VLM's: image tokens + data.seq_len
         vocab=tokenizer.vocab_size,  # a padded embedding's extra rows are never sampled
-        **seen,
+        image=seen.image,
+        embed_images=seen.embed_images,
+        image_tokens=seen.image_tokens,
     )
     if ctx.env.is_main:
         print(g.prompt + tokenizer.decode(new), flush=True)
@@ -42,8 +47,17 @@ def run(ctx: JobContext) -> ExitCode:
     return ExitCode.OK
 
 
-def _vlm_and_image(ctx: JobContext) -> tuple[torch.nn.Module, str, dict]:
-    """A VLM's language model, its dataset, and generate's keywords for generate.image."""
+@dataclass(frozen=True)
+class SeenImage:
+    """What a VLM reads before the prompt (generate.image); empty for a language model."""
+
+    image: torch.Tensor | None = None  # (S, S, 3) uint8
+    embed_images: Callable[[torch.Tensor], torch.Tensor] | None = None
+    image_tokens: int = 0
+
+
+def _vlm_and_image(ctx: JobContext) -> tuple[torch.nn.Module, str, SeenImage]:
+    """A VLM's language model, its dataset, and the image it answers about."""
     from trainer.data.images import load_image
     from trainer.vlm.checkpoints import load_vlm
 
@@ -53,5 +67,8 @@ def _vlm_and_image(ctx: JobContext) -> tuple[torch.nn.Module, str, dict]:
         image = load_image(g.image, ctx.cfg.vision.image_size)
     except Exception as e:  # PIL raises many kinds
         raise ConfigError("trainer.generate.image", f"{g.image}: not a readable image ({e})") from e
-    seen = {"embed_images": vlm.embed_images, "image_tokens": vlm.image_tokens}
-    return vlm.lm, dataset, {"image": torch.from_numpy(image.copy()), **seen}
+    return (
+        vlm.lm,
+        dataset,
+        SeenImage(torch.from_numpy(image.copy()), vlm.embed_images, vlm.image_tokens),
+    )
