@@ -1,8 +1,7 @@
 """GENERATE: a checkpoint continues generate.prompt (with generate.image: a VLM answers about
 the image), printed with its speed."""
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -10,17 +9,22 @@ from protos.config_yaml import ConfigError
 from protos.exit_codes import ExitCode
 from trainer.jobs.context import JobContext, dataset_of, load_checkpoint_model
 
+if TYPE_CHECKING:
+    from trainer.vlm.model import VisionLanguageModel
+
 
 def run(ctx: JobContext) -> ExitCode:
     from trainer.data.tokenizer import load_tokenizer
     from trainer.generate import generate
 
     g = ctx.cfg.generate
+    vlm, image = None, None
     if g.image:
-        model, dataset, seen = _vlm_and_image(ctx)
+        vlm, dataset, image = _vlm_and_image(ctx)
+        model = vlm.lm
     else:
         model, meta, path = load_checkpoint_model(ctx)
-        dataset, seen = dataset_of(ctx, meta, path), SeenImage()
+        dataset = dataset_of(ctx, meta, path)
     tokenizer = load_tokenizer(dataset)
     new, tokens_per_s = generate(
         model,
@@ -33,9 +37,9 @@ def run(ctx: JobContext) -> ExitCode:
         stop_id=tokenizer.eos_id,
         max_len=model.rope.cos.shape[0],  # a VLM's: image tokens + data.seq_len
         vocab=tokenizer.vocab_size,  # a padded embedding's extra rows are never sampled
-        image=seen.image,
-        embed_images=seen.embed_images,
-        image_tokens=seen.image_tokens,
+        image=image,
+        embed_images=vlm.embed_images if vlm else None,
+        image_tokens=vlm.image_tokens if vlm else 0,
     )
     if ctx.env.is_main:
         print(g.prompt + tokenizer.decode(new), flush=True)
@@ -47,17 +51,8 @@ def run(ctx: JobContext) -> ExitCode:
     return ExitCode.OK
 
 
-@dataclass(frozen=True)
-class SeenImage:
-    """What a VLM reads before the prompt (generate.image); empty for a language model."""
-
-    image: torch.Tensor | None = None  # (S, S, 3) uint8
-    embed_images: Callable[[torch.Tensor], torch.Tensor] | None = None
-    image_tokens: int = 0
-
-
-def _vlm_and_image(ctx: JobContext) -> tuple[torch.nn.Module, str, SeenImage]:
-    """A VLM's language model, its dataset, and the image it answers about."""
+def _vlm_and_image(ctx: JobContext) -> tuple["VisionLanguageModel", str, torch.Tensor]:
+    """The VLM, its dataset, and the image it answers about ((S, S, 3) uint8)."""
     from trainer.data.images import load_image
     from trainer.vlm.checkpoints import load_vlm
 
@@ -67,8 +62,4 @@ def _vlm_and_image(ctx: JobContext) -> tuple[torch.nn.Module, str, SeenImage]:
         image = load_image(g.image, ctx.cfg.vision.image_size)
     except Exception as e:  # PIL raises many kinds
         raise ConfigError("trainer.generate.image", f"{g.image}: not a readable image ({e})") from e
-    return (
-        vlm.lm,
-        dataset,
-        SeenImage(torch.from_numpy(image.copy()), vlm.embed_images, vlm.image_tokens),
-    )
+    return vlm, dataset, torch.from_numpy(image.copy())
