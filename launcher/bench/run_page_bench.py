@@ -74,13 +74,18 @@ def breakdown(timing: dict, drawn_ms: float) -> list[str]:
     return lines
 
 
-def drawn_after(driver: webdriver.Chrome, navigate) -> float:
-    """Seconds from `navigate()` to the page's loss chart holding its points."""
+def drawn_after(driver: webdriver.Chrome, navigate) -> tuple[float, int]:
+    """(seconds from `navigate()` to the page's loss chart holding its points, its points)."""
     started = time.perf_counter()
     navigate()
-    while not driver.execute_script(LOSS_POINTS):
+    while not (points := driver.execute_script(LOSS_POINTS)):
         time.sleep(0.02)
-    return time.perf_counter() - started
+    return time.perf_counter() - started, points
+
+
+def set_route(driver: webdriver.Chrome, route: str) -> None:
+    """Go to `route` (#/...) inside the running UI: no page load, as a click on a link does."""
+    driver.execute_script("window.location.hash = arguments[0]", route)
 
 
 def main() -> None:
@@ -120,26 +125,20 @@ def main() -> None:
             for name, run in sorted(runs.items()):
                 page = f"{home}/runs/{run}/model-metrics"
                 driver.get("about:blank")
-                times[name].append(drawn_after(driver, lambda p=page: driver.get(p)))
-                drawn[name] = driver.execute_script(LOSS_POINTS)
+                seconds, drawn[name] = drawn_after(driver, lambda p=page: driver.get(p))
+                times[name].append(seconds)
                 timings[name] = (driver.execute_script(RESOURCES), 1000 * times[name][-1])
         driver.get(home)  # the run list, the UI loaded once
         for _ in range(REPEATS):
             for name, run in sorted(runs.items()):
                 route = f"#/experiments/{experiment.experiment_id}"
-                driver.execute_script("window.location.hash = arguments[0]", route)
+                set_route(driver, route)
                 while driver.execute_script(LOSS_POINTS):  # the last run's chart is gone
                     time.sleep(0.02)
                 time.sleep(1.0)  # the run list settled
                 route += f"/runs/{run}/model-metrics"
-                warm[name].append(
-                    drawn_after(
-                        driver,
-                        lambda r=route: driver.execute_script(
-                            "window.location.hash = arguments[0]", r
-                        ),
-                    )
-                )
+                seconds, _ = drawn_after(driver, lambda r=route: set_route(driver, r))
+                warm[name].append(seconds)
     finally:
         driver.quit()
         ui.terminate()

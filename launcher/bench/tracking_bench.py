@@ -255,19 +255,15 @@ def main(argv=None) -> None:
     ratios = [pair[1] / pair[0] for pair in pairs]
     step_on = statistics.median(pair[1] for pair in pairs)
     cpu_per_step = (writer_cpu + progress_cpu) / tracked_steps
-    options = "".join(
-        f" --{name} {value}"
-        for name, value in (("steps", args.steps), ("log-every", args.log_every))
-        if value
-    )
+    given = " ".join(sys.argv[1:] if argv is None else argv)
+    command = f"bazel run //launcher/bench:tracking_bench{' -- ' + given if given else ''}"
     lines = [
         f"## {time.strftime('%Y-%m-%d %H:%M', time.gmtime(started))} UTC, tracking on beside off, "
         f"{args.pairs} interleaved pairs",
         "",
         f"Run on {machine_at_start} (at the end: load average "
-        f"{machine_at_end.split('average ')[1]}). Command: `bazel run "
-        f"//launcher/bench:tracking_bench -- --pairs {args.pairs}{options}`. Main job: "
-        f"{MAIN_JOB}, {steps_per_job} steps, log_every {log_every}; pairs in alternating order "
+        f"{machine_at_end.split('average ')[1]}). Command: `{command}`. Main job: {MAIN_JOB}, "
+        f"{steps_per_job} steps, log_every {log_every}; pairs in alternating order "
         f"(on,off / off,on / ...), one job at a time; MLflow received every reported step: "
         f"{sum(logged)} loss values for {len(tracked_jobs)} jobs x {steps_per_job} steps.",
         "",
