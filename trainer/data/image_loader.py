@@ -50,30 +50,12 @@ class ImageRowLoader(PackedRowLoader):
     """PackedRowLoader's order and position over an image+text split (every row the same
     length, so one group of rows)."""
 
-    def __init__(
-        self, dataset_path: str, split="train", batch_size=8, seed=0, rank=0, world_size=1
-    ):
-        if batch_size < 1:
-            raise ValueError(f"batch_size {batch_size} must be at least 1")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size {world_size})")
+    def _open(self, dataset_path: str, split: str) -> None:
         self.data = ImageSplit(dataset_path, split)
         if len(self.data) == 0:
             raise ValueError(f"{dataset_path}: split {split!r} has no rows")
         self.manifest = self.data.manifest  # type: ignore[assignment]
-        self.pad_id = self.manifest.tokenizer.pad_id
-        self.split, self.batch_size, self.seed = split, batch_size, seed
-        self.rank, self.world_size = rank, world_size
-        self.epoch, self._batch = 0, 0
-        self._order = self._epoch_order(0)
-
-    def _global_batches(self, epoch: int) -> list[np.ndarray]:
-        rng = np.random.default_rng([self.seed, epoch])
-        rows = rng.permutation(len(self.data))
-        n = -(-len(rows) // self.batch_size) * self.batch_size
-        batches = list(np.resize(rows, n).reshape(-1, self.batch_size))
-        per_rank = -(-len(batches) // self.world_size)
-        return [batches[i % len(batches)] for i in range(per_rank * self.world_size)]
+        self._capacity = np.zeros(len(self.data), dtype=np.int64)
 
     def batch(self, rows) -> dict:
         return self.data.batch(rows)

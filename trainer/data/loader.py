@@ -35,6 +35,15 @@ class PackedRowLoader:
             raise ValueError(f"batch_size {batch_size} must be at least 1")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size {world_size})")
+        self._open(dataset_path, split)
+        self.split, self.batch_size, self.seed = split, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.pad_id = self.manifest.tokenizer.pad_id
+        self.epoch, self._batch = 0, 0
+        self._order = self._epoch_order(0)
+
+    def _open(self, dataset_path: str, split: str) -> None:
+        """Read the split's manifest and rows; `_capacity`: each row's length (its group)."""
         self.manifest = read_manifest(dataset_path, DatasetManifest)
         self.rows = SplitReader(dataset_path, self.manifest, split)
         if len(self.rows) == 0:
@@ -42,16 +51,12 @@ class PackedRowLoader:
                 f"{dataset_path}: split {split!r} has no rows "
                 f"(eval_fraction {self.manifest.config.eval_fraction})"
             )
-        self.split, self.batch_size, self.seed = split, batch_size, seed
-        self.rank, self.world_size = rank, world_size
         self.seq_len = self.manifest.seq_len
-        self.pad_id = self.manifest.tokenizer.pad_id
-        self.epoch, self._batch = 0, 0
-        self._order = self._epoch_order(0)
+        self._capacity = self.rows.rows[:, 3]
 
     def _global_batches(self, epoch: int) -> list[np.ndarray]:
         rng = np.random.default_rng([self.seed, epoch])
-        capacity = self.rows.rows[:, 3]
+        capacity = self._capacity
         batches = []
         # one group of rows for fixed-length packings, one per bucket for bucket packing
         for cap in np.unique(capacity):
