@@ -256,14 +256,12 @@ class Checkpointer:
         train_state: dict,
         loader_position: dict[str, Any],
         run: TrainingRun,
-        extra: dict[str, Any] | None = None,
         mesh: "Mesh | None" = None,
     ) -> Path:
         """Collective: every rank calls it. `train_state` (RNG included) and `loader_position`
-        (where its next batch starts) are this rank's. `extra`: more files (name -> object
-        for torch.save), checksummed like the others (a reward model's head.pt). `mesh`: the
-        model-parallel layout's mesh (trainer/parallel/mesh.py): model and optimizer are then
-        written as shards into dcp/ by every rank, and model.pt gathered whole."""
+        (where its next batch starts) are this rank's. `mesh`: the model-parallel layout's mesh
+        (trainer/parallel/mesh.py): model and optimizer are then written as shards into dcp/ by
+        every rank, and model.pt gathered whole."""
         final = self.directory / f"{PREFIX}{step:08d}"
         tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
         if self.is_main:
@@ -288,8 +286,6 @@ class Checkpointer:
             }
             for shard in sorted((tmp / DCP_DIR).glob("*")):
                 files[f"{DCP_DIR}/{shard.name}"] = _digest(shard)
-            for name, obj in (extra or {}).items():
-                files[name] = _save(obj, tmp / name)
             meta = CheckpointMeta(
                 **{f.name: getattr(run, f.name) for f in dataclasses.fields(TrainingRun)},
                 step=step,
