@@ -26,7 +26,8 @@ from launcher.testdata.replicas import leader, leading, replicas
 from protos import job_pb2, launcher_pb2, trainer_config_pb2
 from protos.validation import validate_job_spec
 from trainer.data import tasks, testdata
-from trainer.data.precook import precook_dataset, reporter
+from trainer.data.precook import precook_dataset
+from trainer.data.progress import reporter
 
 N_TASKS = 4
 FILES, WORDS_PER_FILE = 40, 22_000  # ~5 MB in 1 MB units (corpus.UNIT_BYTES): 1-2 per task

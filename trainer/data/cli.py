@@ -21,7 +21,8 @@ from trainer.data.errors import PrecookError
 from trainer.data.manifest import as_json
 from trainer.data.mixture import SINGLE
 from trainer.data.packing import STRATEGIES
-from trainer.data.precook import PrecookedDataset, precook_dataset, reporter
+from trainer.data.precook import PrecookedDataset, precook_dataset
+from trainer.data.progress import reporter
 from trainer.data.shards import SPLITS
 from trainer.data.task_steps import precook_as_tasks
 

@@ -25,7 +25,6 @@ file and line.
 
 import json
 import os
-import sys
 import time
 from dataclasses import dataclass
 from typing import IO
@@ -41,6 +40,7 @@ from trainer.data.corpus import _decode, _field, _hash_file, resolve_input
 from trainer.data.errors import CorpusError, DataConfigError
 from trainer.data.files import write_npy
 from trainer.data.manifest import ImageDatasetManifest, ImageSplitStats, Inputs
+from trainer.data.progress import reporter
 from trainer.data.shards import SPLITS
 from trainer.data.tokenized import eval_count, is_eval, tokenizer_identity
 
@@ -255,10 +255,7 @@ def precook_images(
     """Precook the image+text records of a resolved TrainerConfig under `cache_dir`, or find
     them there. CorpusError / DataConfigError for input that cannot be precooked."""
 
-    def say(message: str) -> None:
-        if show_progress:
-            print(f"precook: {message}", file=sys.stderr, flush=True)
-
+    say = reporter(show_progress)
     start = time.perf_counter()
     description, root, records = read_records(cfg)
     if cfg.data.max_documents:

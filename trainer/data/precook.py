@@ -7,7 +7,6 @@ call with equal inputs and parameters finds the dataset and does nothing else.
 
 import os
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 
@@ -28,7 +27,7 @@ from trainer.data.manifest import (
     TokenizedManifest,
 )
 from trainer.data.mixture import plan_sources
-from trainer.data.progress import Say, human
+from trainer.data.progress import Say, human, reporter
 from trainer.data.tokenizer import Tokenizer, from_section
 
 
@@ -38,16 +37,6 @@ class PrecookedDataset:
     manifest: DatasetManifest
     cache_hit: bool
     tokenizer: Tokenizer
-
-
-def reporter(enabled: bool) -> Say:
-    """A `say(message)` for stage messages on stderr (silent when not enabled)."""
-
-    def say(message: str) -> None:
-        if enabled:
-            print(f"precook: {message}", file=sys.stderr, flush=True)
-
-    return say
 
 
 def dataset_key(cfg: DataConfig, tokenized_key: str) -> str:

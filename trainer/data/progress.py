@@ -1,11 +1,22 @@
 """A progress line for long precook stages: documents/s and tokens/s, redrawn in place on a
-terminal, a plain line every few seconds in a log file."""
+terminal, a plain line every few seconds in a log file; and `reporter`, the stages' one-line
+messages."""
 
 import sys
 import time
 from collections.abc import Callable
 
-Say = Callable[[str], None]  # where a stage's one-line messages go (precook.reporter)
+Say = Callable[[str], None]  # where a stage's one-line messages go (`reporter`)
+
+
+def reporter(enabled: bool) -> Say:
+    """A `say(message)` for stage messages on stderr (silent when not enabled)."""
+
+    def say(message: str) -> None:
+        if enabled:
+            print(f"precook: {message}", file=sys.stderr, flush=True)
+
+    return say
 
 
 def human(n: float, unit: str = "") -> str:

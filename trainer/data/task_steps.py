@@ -18,7 +18,8 @@ from protos.trainer_config_pb2 import DataConfig
 from protos.validation import resolve_data, validate_job_spec
 from trainer.data import tasks
 from trainer.data.errors import PrecookError
-from trainer.data.precook import PrecookedDataset, reporter
+from trainer.data.precook import PrecookedDataset
+from trainer.data.progress import reporter
 
 
 def run(attempt: attempt_pb2.Attempt, step: PrecookStep, index: int | None) -> ExitCode:

@@ -10,7 +10,8 @@ import pytest
 
 from protos import trainer_config_pb2
 from trainer.data import cli, corpus, progress, tasks, testdata
-from trainer.data.precook import precook_dataset, reporter
+from trainer.data.precook import precook_dataset
+from trainer.data.progress import reporter
 
 say = reporter(False)
 
