@@ -88,16 +88,13 @@ def data_config(args):
     for field in ("text_field", "prompt_field", "response_field", "vocab_size", "workers"):
         if getattr(args, field) is not None:
             setattr(cfg, field, getattr(args, field))
-    for field in CURATION_FLAGS:
-        if getattr(args, field, None) is not None:
+    for field in (*CURATION_FLAGS, "eval_fraction", "max_documents", "shard_tokens", "tasks"):
+        if getattr(args, field, None) is not None:  # shard_tokens, tasks: `build` only
             setattr(cfg, field, getattr(args, field))
     if args.dedup_exact:
         cfg.dedup_exact = True
     for i, spec in enumerate(args.source):
         _add_source(cfg, spec, f"data.sources[{i}]")
-    for field in ("eval_fraction", "max_documents", "shard_tokens", "tasks"):
-        if getattr(args, field, None) is not None:
-            setattr(cfg, field, getattr(args, field))
     for field in ("format", "tokenizer", "packing"):
         if getattr(args, field, None):
             setattr(cfg, field, enum_value(cfg, field, getattr(args, field), f"data.{field}"))
