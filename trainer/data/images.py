@@ -35,14 +35,14 @@ from protos.enums import enum_name
 from protos.files import FileDigest, write_bytes
 from protos.trainer_config_pb2 import TrainerConfig
 from trainer.data import cache as cache_mod
-from trainer.data import manifest, tokenizer
+from trainer.data import manifest
 from trainer.data.corpus import _decode, _field, _hash_file, resolve_input
 from trainer.data.errors import CorpusError, DataConfigError
 from trainer.data.files import write_npy
 from trainer.data.manifest import ImageDatasetManifest, ImageSplitStats, Inputs
 from trainer.data.progress import reporter
 from trainer.data.shards import SPLITS
-from trainer.data.tokenized import eval_count, is_eval, tokenizer_identity
+from trainer.data.tokenized import eval_count, is_eval, tokenizer_identity, tokenizer_of
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp")
 
@@ -148,16 +148,6 @@ def image_dataset_key(cfg: TrainerConfig, inputs: list[tuple[str, int, str]]) ->
     )
 
 
-def _make_tokenizer(cfg: TrainerConfig, texts: list[str]) -> tokenizer.Tokenizer:
-    d = cfg.data
-    kind = enum_name(d, "tokenizer")
-    if kind == "BPE_FILE":
-        return tokenizer.from_tokenizer_json(d.tokenizer_path)
-    if kind == "CL100K":
-        return tokenizer.cl100k()
-    return tokenizer.train_bpe(texts, d.vocab_size)
-
-
 def _build(tmp: str, cfg: TrainerConfig, key: str, description: str, inputs, records, say):
     d, v = cfg.data, cfg.vision
     S, T = v.image_size, d.seq_len
@@ -184,7 +174,7 @@ def _build(tmp: str, cfg: TrainerConfig, key: str, description: str, inputs, rec
         say(f"skipped {len(skipped)} unreadable images (listed in the manifest): {skipped[0]}")
     kept = [r for r in records if r.image in pixels]
     train_texts = [r.prompt + r.text for r in kept if split_of_image[images[r.image]] == 0]
-    tok = _make_tokenizer(cfg, train_texts)
+    tok = tokenizer_of(cfg.data, train_texts, say)
     qtypes = sorted({r.qtype for r in kept if r.qtype})
     written: dict[str, FileDigest] = {}
     splits: dict[str, ImageSplitStats] = {}

@@ -24,7 +24,7 @@ import multiprocessing
 import os
 import time
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,6 +223,11 @@ def _train_texts(plan: CorpusPlan, n_eval: int) -> Iterator[str]:
 def make_tokenizer(cfg: DataConfig, plan: CorpusPlan, say: Say) -> tokenizer.Tokenizer:
     """The tokenizer of a resolved DataConfig: loaded, or trained on the train split."""
     n_eval = eval_count(plan.records, cfg.eval_fraction)
+    return tokenizer_of(cfg, _train_texts(plan, n_eval), say)
+
+
+def tokenizer_of(cfg: DataConfig, train_texts: Iterable[str], say: Say) -> tokenizer.Tokenizer:
+    """`cfg`'s tokenizer: loaded, or trained on `train_texts` (only then read)."""
     kind = enum_name(cfg, "tokenizer")
     if kind == "BPE_FILE":
         return tokenizer.from_tokenizer_json(cfg.tokenizer_path)
@@ -230,7 +235,7 @@ def make_tokenizer(cfg: DataConfig, plan: CorpusPlan, say: Say) -> tokenizer.Tok
         return tokenizer.cl100k()
     say(f"training a byte-level BPE tokenizer (vocab {cfg.vocab_size:,}) on the train split")
     start = time.perf_counter()
-    tok = tokenizer.train_bpe(_train_texts(plan, n_eval), cfg.vocab_size)
+    tok = tokenizer.train_bpe(train_texts, cfg.vocab_size)
     say(f"BPE trained in {time.perf_counter() - start:.1f} s")
     if tok.vocab_size < cfg.vocab_size:
         say(
