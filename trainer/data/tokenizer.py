@@ -103,7 +103,7 @@ class Tokenizer:
         )
 
 
-def train_bpe(texts, vocab_size: int, length: int | None = None) -> Tokenizer:
+def train_bpe(texts, vocab_size: int) -> Tokenizer:
     """A byte-level BPE trained on `texts` (an iterable of str). Deterministic for equal input.
 
     The vocabulary may come out smaller than `vocab_size` when the corpus has no more pairs to
@@ -121,7 +121,7 @@ def train_bpe(texts, vocab_size: int, length: int | None = None) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    backend.train_from_iterator(texts, trainer, length=length)
+    backend.train_from_iterator(texts, trainer)
     bos, eos, pad = (_special_id(backend, t) for t in SPECIAL_TOKENS)
     return Tokenizer("bpe", backend, "", bos, eos, pad)
 

@@ -129,8 +129,8 @@ def make_batch(sequences: list[tuple[list[int], int]], pad_id: int, device: torc
     return Batch(ids.to(device), mask.to(device), last.to(device), lengths)
 
 
-def _positions(ids: torch.Tensor, start: int = 0) -> torch.Tensor:
-    pos = torch.arange(start, start + ids.shape[1], device=ids.device)
+def _positions(ids: torch.Tensor) -> torch.Tensor:
+    pos = torch.arange(ids.shape[1], device=ids.device)
     return pos[None].expand(ids.shape[0], -1)
 
 
