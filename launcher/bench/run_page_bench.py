@@ -120,7 +120,8 @@ def main() -> None:
         warm: dict[str, list[float]] = {name: [] for name in runs}
         drawn: dict[str, int] = {}
         timings: dict[str, tuple[dict, float]] = {}
-        home = f"http://127.0.0.1:{port}/#/experiments/{experiment.experiment_id}"
+        run_list = f"#/experiments/{experiment.experiment_id}"  # the UI's route to the runs
+        home = f"http://127.0.0.1:{port}/{run_list}"
         for _ in range(REPEATS):
             for name, run in sorted(runs.items()):
                 page = f"{home}/runs/{run}/model-metrics"
@@ -131,12 +132,11 @@ def main() -> None:
         driver.get(home)  # the run list, the UI loaded once
         for _ in range(REPEATS):
             for name, run in sorted(runs.items()):
-                route = f"#/experiments/{experiment.experiment_id}"
-                set_route(driver, route)
+                set_route(driver, run_list)
                 while driver.execute_script(LOSS_POINTS):  # the last run's chart is gone
                     time.sleep(0.02)
                 time.sleep(1.0)  # the run list settled
-                route += f"/runs/{run}/model-metrics"
+                route = f"{run_list}/runs/{run}/model-metrics"
                 seconds, _ = drawn_after(driver, lambda r=route: set_route(driver, r))
                 warm[name].append(seconds)
     finally:

@@ -97,12 +97,12 @@ def compile_bytecode(venv: str) -> None:
     if proc.returncode not in (0, 1):
         tail = proc.stdout[-2000:]
         sys.exit(f"kitchen venv: compileall failed (exit {proc.returncode}):\n{tail}")
-    write_stamp(os.path.join(venv, COMPILED), "compileall\n")
+    write_stamp(os.path.join(venv, COMPILED), "compileall")
 
 
 def write_stamp(path: str, text: str) -> None:
     with open(path, "w") as f:
-        f.write(text if text.endswith("\n") else text + "\n")
+        f.write(text + "\n")
         f.flush()
         os.fsync(f.fileno())
 

@@ -16,6 +16,7 @@ untimed run). Prints wall and CPU seconds (the process and its children) and the
 """
 
 import argparse
+import itertools
 import os
 import resource
 import statistics
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         with_bytecode = dict(subprocess_env(), PYTHONDONTWRITEBYTECODE="1")
         from_source = dict(with_bytecode, PYTHONPYCACHEPREFIX=str(root / "no-bytecode"))
         config = write_job(root / "tiny.yaml", tiny_job(root / "cache", steps=6))
-        runs = iter(range(1_000_000))  # a new run directory for each trainer run
+        runs = itertools.count()  # a new run directory for each trainer run
 
         def trainer() -> list[str]:
             return train_command("--config", config, "--run-dir", root / f"run{next(runs)}")
