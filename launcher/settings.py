@@ -12,7 +12,7 @@ from launcher.executors import image
 from protos import launcher_pb2
 from protos.config_yaml import ConfigError
 from protos.exposure import Gap, exposure_gaps, is_loopback, read_secret_file
-from protos.paths import state_dir, tracking_dir, user_path
+from protos.paths import image_cache_dir, state_dir, tracking_dir, user_path
 
 DEFAULT_LISTEN = "127.0.0.1:50051"
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9464"
@@ -115,6 +115,7 @@ def resolve(cfg: launcher_pb2.LauncherConfig) -> launcher_pb2.LauncherConfig:
     images.runtime = images.runtime or "bwrap"
     if images.runtime not in ("bwrap", "runc"):
         raise ConfigError("images.runtime", f"{images.runtime!r}: use bwrap or runc")
+    images.cache_dir = user_path(images.cache_dir) or image_cache_dir(out.state_dir)
     for i, path in enumerate(images.binds):
         images.binds[i] = user_path(path)
     _resolve_sandbox(out)

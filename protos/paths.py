@@ -9,6 +9,8 @@
 - `precook_cache_dir(data, state, team)`: `data.cache_dir`, else `<state dir>/precook`, so
   `//trainer:precook` and `//trainer:train` share one cache by default; a launcher's job of a
   team gets `<state dir>/precook/<team>`.
+- `image_cache_dir(state)`: `<state dir>/images`, where a launcher's image jobs unpack each
+  image once (run_image.py's --cache-dir), shared by all of them.
 - `run_dir_for(state, name)`: `<state dir>/runs/<name>` (`runs_dir(state)`: `<state dir>/runs`).
 - `checkpoint_dirs(run_dir)`: a run's complete checkpoints, `<run_dir>/checkpoints/step_NNNNNNNN`,
   oldest first (a save writes `.tmp-*` and renames it: a `step_` directory is whole).
@@ -85,6 +87,12 @@ def tracking_dir(state: str) -> str:
     """`<state>/mlflow`: the embedded MLflow store (mlflow.db, artifacts/) and the launcher's
     spool of records not yet sent (spool/)."""
     return os.path.join(state, "mlflow")
+
+
+def image_cache_dir(state: str) -> str:
+    """`<state>/images`: the images a launcher's jobs run in, each unpacked once by
+    run_image.py (keyed by manifest digest) and mounted read-only into every job of it."""
+    return os.path.join(state, "images")
 
 
 def run_dir_for(state: str, name: str) -> str:

@@ -54,7 +54,7 @@ def command(cfg, launch: Launch, env: dict, gpus: str = "") -> list:
     run under torchrun inside the image."""
     image = launch.job.spec.image
     argv = [*cfg.run_image_cmd, "--layout" if image.startswith("/") else "--image", image]
-    argv += ["--runtime", cfg.runtime]
+    argv += ["--runtime", cfg.runtime, "--cache-dir", cfg.cache_dir]
     attempt = launch.attempt
     run_dir = attempt.run_dir
     os.makedirs(attempt.cache_dir, exist_ok=True)  # a bind mount's source must exist

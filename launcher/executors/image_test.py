@@ -35,12 +35,15 @@ def cache_dir(tmp_path_factory):
 
 
 @pytest.fixture
-def in_image(tmp_path, monkeypatch, cache_dir):
+def in_image(tmp_path, cache_dir):
     """A launcher whose local pool runs jobs naming an image in it, with the fake trainer."""
     if not os.path.isfile(os.path.join(LAYOUT, "index.json")):
         pytest.skip(f"{LAYOUT} is not built (bazel build //images:launcher)")
-    monkeypatch.setenv("KITCHEN_CACHE_DIR", str(cache_dir))
     cfg = harness.config(tmp_path, tokens_file=harness.admin_tokens_file(tmp_path))
+    cfg.images.cache_dir = str(cache_dir)  # the launchers of this file's tests share it
+    # The cancel test wants the trainer's own exit (75): its checkpoint's fsync can outlast the
+    # harness's 2 s grace on a loaded disk (it did once, in a suite uploading to the cache).
+    cfg.kill_grace_seconds = 30
     cfg.paths.allowed_roots.append(os.path.dirname(os.path.realpath(LAYOUT)))  # images it may name
     behaviour = str(tmp_path / "behaviour")
     cfg.images.entrypoint = f"python3 {FAKE_TRAINER} --behaviour-dir {behaviour}"
@@ -52,7 +55,7 @@ def in_image(tmp_path, monkeypatch, cache_dir):
     launcher.stop()
 
 
-def test_a_job_runs_in_the_image_and_reports_progress(in_image):
+def test_a_job_runs_in_the_image_and_reports_progress(in_image, cache_dir):
     tmp_path, client = in_image
     harness.behave(tmp_path, "boxed", steps=4, step_seconds=0.05)
     job_id = client.submit(harness.spec("boxed", steps=4, image=LAYOUT)).id
@@ -60,6 +63,10 @@ def test_a_job_runs_in_the_image_and_reports_progress(in_image):
     log = open(os.path.join(attempt_dir(job.run_dir, 1), "output.log")).read()
     assert job.state == job_pb2.SUCCEEDED, log
     assert job.progress.step == 4  # streamed over gRPC from inside the container
+    # unpacked into the launcher's image cache, not again into the job's own HOME
+    unpacked = [d for d in os.listdir(cache_dir) if not d.startswith(".") and "." not in d]
+    assert len(unpacked) == 1, unpacked  # <manifest digest>/, beside its .lock
+    assert not os.path.exists(os.path.join(job.run_dir, "home", ".cache")), log
     assert harness.steps_log(job) == [(1, s) for s in range(1, 5)]
 
 
@@ -186,6 +193,7 @@ def test_a_slurm_batch_script_runs_the_trainer_through_run_image(tmp_path):
     assert command[run_image + 1 :] == [
         *cfg.images.run_image_cmd,
         "--image", job.spec.image, "--runtime", "bwrap",
+        "--cache-dir", os.path.join(cfg.state_dir, "images"),  # one unpack for every job
         "--bind", job.run_dir, "--bind", precook, "--bind", str(ca),
         "--env=PYTHONUNBUFFERED=1",
         "--", "--attempt", os.path.join(handle["attempt_dir"], "attempt.json"),

@@ -100,14 +100,13 @@ def test_launcher_with_a_slurm_pool(slurm, tmp_path):
         assert h.wait_for(client, long.id, h.FINAL, timeout=60).state == job_pb2.CANCELLED
 
 
-def test_a_job_in_an_image_through_slurm(slurm, tmp_path, monkeypatch):
+def test_a_job_in_an_image_through_slurm(slurm, tmp_path):
     layout = os.path.abspath(
         os.environ.get("LAUNCHER_LAYOUT")
         or os.path.join(os.path.dirname(h.FAKE_TRAINER), "../../.bazel/bin/images/launcher.oci")
     )
     if not os.path.isfile(os.path.join(layout, "index.json")):
         pytest.skip(f"{layout} is not built (bazel build //images:launcher)")
-    monkeypatch.setenv("KITCHEN_CACHE_DIR", str(tmp_path / "cache"))  # sbatch passes it on
     cfg = h.config(tmp_path, pools=[POOL])
     fake_trainer, behaviour = os.path.realpath(h.FAKE_TRAINER), str(tmp_path / "behaviour")
     cfg.images.entrypoint = f"python3 {fake_trainer} --behaviour-dir {behaviour}"
