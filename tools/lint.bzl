@@ -31,6 +31,7 @@ def package_lint(name = "lint", extra_python = [], exclude = [], mypy_deps = [])
             size = "small",
             tags = ["lint"],
             python_version = "PY3",
+            deps = ["//tools/lint:junit"],
         )
 
         # What the package's files import: its libraries, and the deps of its binaries and
@@ -53,6 +54,7 @@ def package_lint(name = "lint", extra_python = [], exclude = [], mypy_deps = [])
             size = "medium",
             tags = ["lint"],
             python_version = "PY3",
+            deps = ["//tools/lint:junit"],
         )
     native.py_test(
         name = "buildifier_test",
@@ -63,6 +65,7 @@ def package_lint(name = "lint", extra_python = [], exclude = [], mypy_deps = [])
         size = "small",
         tags = ["lint"],
         python_version = "PY3",
+        deps = ["//tools/lint:junit"],
     )
     native.test_suite(
         name = name,
