@@ -255,6 +255,12 @@ def ffn_dim_for(dim: int) -> int:
     return -(-hidden // 64) * 64
 
 
+def head_dim(m: trainer_config_pb2.ModelConfig) -> int:
+    """One attention head's width: model.head_dim, or dim / n_heads where it is 0 (a checkpoint
+    saved before the field existed; with_defaults fills it for every new config)."""
+    return m.head_dim or m.dim // m.n_heads
+
+
 def default_workers() -> int:
     """The CPUs this process may run on."""
     try:

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 import kernels
 from kernels import reference
 from kernels.modules import RMSNorm, RotaryEmbedding
+from protos.defaults import head_dim
 from trainer import moe
 
 
@@ -77,11 +78,6 @@ def attention_layout(document_ids: torch.Tensor, device, dtype) -> Layout:
 
 Head = Callable[["Transformer", torch.Tensor], torch.Tensor]
 """What a forward returns from the final hidden states (B, T, dim), given the model."""
-
-
-def head_dim(cfg) -> int:
-    """One attention head's width: model.head_dim (0 in configs saved before it existed)."""
-    return cfg.head_dim or cfg.dim // cfg.n_heads
 
 
 class Attention(nn.Module):

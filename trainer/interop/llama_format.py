@@ -11,6 +11,7 @@ import dataclasses
 
 from protos import trainer_config_pb2
 from protos.config_yaml import ConfigError
+from protos.defaults import head_dim
 
 ARCHITECTURE = "LlamaForCausalLM"
 MODEL_TYPE = "llama"
@@ -52,16 +53,10 @@ def hf_name(name: str) -> str:
     return f"model.layers.{layer}.{_BLOCK[rest]}"
 
 
-def _head_dim(m: trainer_config_pb2.ModelConfig) -> int:
-    """As trainer.model.head_dim (this module stays torch-free): 0 in a checkpoint saved
-    before model.head_dim existed means dim / n_heads."""
-    return m.head_dim or m.dim // m.n_heads
-
-
 def expected_shapes(m: trainer_config_pb2.ModelConfig, vocab: int) -> dict[str, tuple]:
     """HF tensor name -> shape, and the config.json field each dimension comes from, for a
     model of ModelConfig `m` (resolved). lm_head only when the embeddings are not tied."""
-    head = _head_dim(m)
+    head = head_dim(m)
     block = {
         "self_attn.q_proj.weight": (m.n_heads * head, m.dim),
         "self_attn.k_proj.weight": (m.n_kv_heads * head, m.dim),
@@ -118,7 +113,7 @@ def hf_config(
         "num_hidden_layers": m.n_layers,
         "num_attention_heads": m.n_heads,
         "num_key_value_heads": m.n_kv_heads,
-        "head_dim": _head_dim(m),
+        "head_dim": head_dim(m),
         "hidden_act": "silu",
         "max_position_embeddings": m.max_seq_len,
         "rms_norm_eps": _decimal(m.norm_eps),

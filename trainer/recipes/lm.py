@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 
 from protos import job_pb2
+from protos.defaults import head_dim
 from protos.enums import enum_name
 from trainer import checkpoint, evaluate, model_setup
 from trainer.data.loader import PackedRowLoader
 from trainer.lm_loss import packed_rows_loss
 from trainer.loop import Trainer
-from trainer.model import head_dim
 from trainer.recipe import BatchCounts, Evaluation, Recipe
 from trainer.sizing import flops
 

@@ -12,11 +12,12 @@ import torch
 
 from protos import trainer_config_pb2
 from protos.config_yaml import ConfigError
+from protos.defaults import head_dim
 from protos.enums import enum_name
 from protos.files import write_json_atomic
 from trainer import checkpoint, distributed
 from trainer.data.tokenizer import Tokenizer, load_tokenizer
-from trainer.model import Transformer, head_dim, select_ops
+from trainer.model import Transformer, select_ops
 from trainer.recipe import Recipe
 from trainer.rl import policy, verifiers
 from trainer.sizing import flops

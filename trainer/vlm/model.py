@@ -10,8 +10,9 @@ that carries a loss). The loss is on text targets only.
 import torch
 import torch.nn as nn
 
+from protos.defaults import head_dim
 from protos.trainer_config_pb2 import ModelConfig, TrainerConfig
-from trainer.model import Head, Layout, Transformer, head_dim, select_ops
+from trainer.model import Head, Layout, Transformer, select_ops
 from trainer.sizing import flops
 from trainer.vlm.encoder import VisionEncoder
 from trainer.vlm.projector import Projector
