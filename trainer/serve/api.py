@@ -2,7 +2,8 @@
 `stream: true` as server-sent events), /v1/models, /health, /metrics. `logprobs` (and chat's
 `top_logprobs`): logprobs.py; usage carries `prompt_tokens_details.cached_tokens`, the prompt
 tokens the prefix cache held; `response_format` (json_schema, json_object, Kitchen's regex)
-constrains the answer (requests.py, trainer/inference/grammar.py).
+constrains the answer (requests.py, trainer/inference/grammar.py). How an answer goes back,
+whole or streamed: replies.py.
 
 Errors are OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, with `param`
 naming the field: 400 for bad input (malformed JSON included: FastAPI's 422 is turned into
@@ -13,12 +14,9 @@ for an unknown model or route, 429 when the queue is full, 503 while draining.
 
 import asyncio
 import dataclasses
-import json
-import time
 import uuid
 import weakref
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +27,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
-from protos import trainer_config_pb2
 from trainer.inference.admission import RequestTooLarge, check_fits
-from trainer.inference.engine import IMAGE_PLACEHOLDER, FinishReason, Output, SamplingParams
+from trainer.inference.engine import IMAGE_PLACEHOLDER, Output, SamplingParams
 from trainer.inference.engine import Request as EngineRequest
 from trainer.inference.grammar import Vocabulary
 from trainer.serve.guard import Guard
@@ -43,12 +40,14 @@ from trainer.serve.images import (
     request_image,
 )
 from trainer.serve.logprobs import Logprobs
+from trainer.serve.replies import Mailbox, Outputs, Reply, stream, whole
 from trainer.serve.requests import (
     ApiError,
     ChatRequest,
     CompletionRequest,
     Message,
     Sampling,
+    check_limits,
     validation_refusal,
 )
 from trainer.serve.runner import Draining, EngineRunner, Overloaded
@@ -94,61 +93,6 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status)
 
 
-class _Outputs:
-    """One request's outputs on its event loop: the handler takes everything that arrived since
-    it last looked (a client that fell behind catches up in one write)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self._loop = loop
-        self._items: list[Output] = []
-        self._waiter: asyncio.Future | None = None
-
-    def put(self, out: Output) -> None:  # on the loop
-        self._items.append(out)
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def take(self) -> list[Output]:
-        while not self._items:
-            self._waiter = self._loop.create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        items, self._items = self._items, []
-        return items
-
-
-class _Mailbox:
-    """Hands outputs from the runner's receiving thread to one event loop's requests, waking
-    the loop once for all the outputs that arrive before it runs (a step's worth), not once per
-    token: each wake-up is a write to the loop's self-pipe and a turn of the loop. No lock:
-    deque's append and popleft are atomic, and `_flush` clears the flag before it empties the
-    deque, so an output put after it has looked finds the flag clear and wakes the loop again."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop = loop
-        self._items: deque[tuple[_Outputs, Output]] = deque()
-        self._scheduled = False
-
-    def put(self, outputs: _Outputs, out: Output) -> None:  # on the receiving thread
-        self._items.append((outputs, out))
-        if not self._scheduled:
-            self._scheduled = True
-            try:
-                self.loop.call_soon_threadsafe(self._flush)
-            except RuntimeError:  # the loop is closed: the server stopped, its clients are gone
-                self._scheduled = False
-                self._items.clear()
-
-    def _flush(self) -> None:  # on the loop
-        self._scheduled = False
-        items = self._items
-        while items:
-            outputs, out = items.popleft()
-            outputs.put(out)
-
-
 def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> FastAPI:
     """The API of `model` on `runner`'s engine; `api_key` (""; none) is asked of /v1 routes.
     Limits are runner.cfg's (ServeConfig, defaults applied)."""
@@ -156,7 +100,7 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
     limits = runner.cfg
     app.add_middleware(Guard, api_key=api_key, max_body_bytes=limits.max_body_bytes)
     registry = runner.metrics.registry
-    mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Mailbox] = (
+    mailboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Mailbox] = (
         weakref.WeakKeyDictionary()
     )
 
@@ -219,7 +163,7 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
             problem = f"model {body.model!r} does not exist: this server serves {model.name!r}"
             raise ApiError(404, problem, "model", "model_not_found")
         stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-        _check_limits(text, field, stop, limits)
+        check_limits(text, field, stop, limits)
         constraint, asked = None, body.response_format
         if asked is not None and asked.type != "text":
             if model.grammar is None:
@@ -266,8 +210,8 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
         )  # fmt: skip
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         loop = asyncio.get_running_loop()
-        outputs = _Outputs(loop)
-        mailbox = mailboxes.get(loop) or mailboxes.setdefault(loop, _Mailbox(loop))
+        outputs = Outputs(loop)
+        mailbox = mailboxes.get(loop) or mailboxes.setdefault(loop, Mailbox(loop))
 
         def deliver(out: Output) -> None:  # on the runner's receiving thread
             mailbox.put(outputs, out)
@@ -278,159 +222,14 @@ def create_app(model: ServedModel, runner: EngineRunner, api_key: str = "") -> F
             raise ApiError(429, str(e), None, "rate_limit_exceeded") from e
         except Draining as e:
             raise ApiError(503, str(e), None, "server_shutting_down") from e
-        reply = _Reply(rid, model.name, chat, len(prompt))
+        reply = Reply(rid, model.name, chat, len(prompt))
         if top_logprobs is not None:
             reply.logprobs = Logprobs(runner.decode, chat)
         if body.stream:
             usage = body.stream_options is not None and body.stream_options.include_usage
             return StreamingResponse(
-                _stream(reply, outputs, runner, usage), media_type="text/event-stream"
+                stream(reply, outputs, runner, usage), media_type="text/event-stream"
             )
-        return await _whole(reply, outputs, runner, request)
+        return await whole(reply, outputs, runner, request)
 
     return app
-
-
-def _check_limits(
-    text: str, field: str, stop: tuple[str, ...], limits: trainer_config_pb2.ServeConfig
-) -> None:
-    """What one request may ask beyond the schema (ServeConfig's limits), checked before the
-    prompt is tokenized: a 400 naming the field."""
-    if len(text) > limits.max_prompt_chars:
-        problem = (
-            f"{field}: {len(text):,} characters; this server takes at most "
-            f"{limits.max_prompt_chars:,} (serve.max_prompt_chars)"
-        )
-        raise ApiError(400, problem, field)
-    if len(stop) > limits.max_stop:
-        problem = f"stop: {len(stop):,} stop strings; at most {limits.max_stop} (serve.max_stop)"
-        raise ApiError(400, problem, "stop")
-    for i, s in enumerate(stop):
-        if len(s) > limits.max_stop_chars:
-            problem = (
-                f"stop[{i}]: {len(s):,} characters; at most {limits.max_stop_chars} "
-                "(serve.max_stop_chars)"
-            )
-            raise ApiError(400, problem, "stop")
-
-
-@dataclass
-class _Reply:
-    id: str
-    model: str
-    chat: bool
-    prompt_tokens: int
-    created: int = 0
-    logprobs: Logprobs | None = None  # when the request asked for them
-
-    def __post_init__(self):
-        self.created = int(time.time())
-        # A token's chunk (its text, no finish) is built per token: its JSON around the text is
-        # made once. JSON writes the marker as "\u0000", which nothing else in a chunk holds.
-        marker = "\x00"
-        self._head, self._tail = json.dumps(self.chunk(marker, None)).split(json.dumps(marker))
-
-    def text_event(self, text: str) -> str:
-        """The server-sent event of a chunk with `text` and no finish reason."""
-        return f"data: {self._head}{json.dumps(text)}{self._tail}\n\n"
-
-    def chunk(
-        self, text: str, finish: str | None, first: bool = False, logprobs: dict | None = None
-    ) -> dict:
-        if self.chat:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choice = {"index": 0, "delta": delta if text or first else {}, "finish_reason": finish}
-            kind = "chat.completion.chunk"
-            if logprobs is not None:
-                choice["logprobs"] = logprobs
-        else:
-            choice = {"index": 0, "text": text, "finish_reason": finish, "logprobs": logprobs}
-            kind = "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model,
-                "choices": [choice]}  # fmt: skip
-
-    def usage(self, completion_tokens: int, cached_tokens: int) -> dict:
-        """OpenAI's usage; `prompt_tokens_details.cached_tokens`: the prompt tokens the
-        engine's prefix cache held (read, not computed)."""
-        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": completion_tokens}
-        details = {"prompt_tokens_details": {"cached_tokens": cached_tokens}}
-        return {**usage, "total_tokens": self.prompt_tokens + completion_tokens, **details}
-
-    def whole(self, text: str, finish: str, completion_tokens: int, cached: int) -> dict:
-        logprobs = self.logprobs.whole() if self.logprobs is not None else None
-        out = self.chunk(text, finish, logprobs=logprobs)
-        if self.chat:
-            message = {"role": "assistant", "content": text}
-            choice = {"index": 0, "message": message, "finish_reason": finish}
-            out["choices"] = [{**choice, "logprobs": logprobs}]
-            out["object"] = "chat.completion"
-        out["usage"] = self.usage(completion_tokens, cached)
-        return out
-
-
-async def _stream(
-    reply: _Reply, outputs: _Outputs, runner: EngineRunner, usage: bool
-) -> AsyncIterator[str]:
-    """Server-sent events; a client that goes away cancels this generator, and so its
-    request (finally: abort frees its KV blocks). `usage`: a last chunk with token counts."""
-    finished, tokens, cached = False, 0, 0
-    try:
-        if reply.chat:
-            yield f"data: {json.dumps(reply.chunk('', None, first=True))}\n\n"
-        while not finished:
-            # Every output already there goes out in one write (one chunk of the HTTP body),
-            # each still its own event; the last write also carries the usage and [DONE].
-            events = []
-            for out in await outputs.take():
-                finished, tokens = out.finish is not None, tokens + len(out.token_ids)
-                # Each token's logprobs in the chunk of its output, even one with no text yet.
-                scored = reply.logprobs.of(out) if reply.logprobs is not None else None
-                if out.finish is not None or scored is not None:
-                    finish = out.finish.value if out.finish is not None else None
-                    chunk = reply.chunk(out.text, finish, logprobs=scored)
-                    events.append(f"data: {json.dumps(chunk)}\n\n")
-                    cached = out.cached_tokens
-                elif out.text:
-                    events.append(reply.text_event(out.text))
-            if finished:
-                if usage:
-                    last = {
-                        **reply.chunk("", None),
-                        "choices": [],
-                        "usage": reply.usage(tokens, cached),
-                    }
-                    events.append(f"data: {json.dumps(last)}\n\n")
-                events.append("data: [DONE]\n\n")
-            if events:
-                yield "".join(events)
-    finally:
-        if not finished:
-            runner.abort(reply.id)
-
-
-async def _whole(reply: _Reply, outputs: _Outputs, runner: EngineRunner, request: Request):
-    """The whole answer. A client that disconnects while it waits aborts its request at once
-    (its KV blocks are freed): the watcher waits on the connection itself, not on a pause in
-    the tokens."""
-    watcher = asyncio.create_task(_abort_when_gone(request, runner, reply.id))
-    text, tokens = "", 0
-    try:
-        while True:
-            for out in await outputs.take():
-                text, tokens = text + out.text, tokens + len(out.token_ids)
-                if out.finish is FinishReason.ABORT and watcher.done():
-                    return Response(status_code=499)  # nobody reads it: the client is gone
-                if reply.logprobs is not None:
-                    reply.logprobs.of(out)
-                if out.finish is not None:
-                    return reply.whole(text, out.finish.value, tokens, out.cached_tokens)
-    finally:
-        watcher.cancel()
-
-
-async def _abort_when_gone(request: Request, runner: EngineRunner, request_id: str) -> None:
-    """Returns once the client has gone, after aborting its request. The body is read by now,
-    so the next message the server has for this request is its disconnect."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    runner.abort(request_id)

@@ -4,7 +4,8 @@ body the models refuse becomes OpenAI's error object naming the field.
 Every field of OpenAI's requests is either implemented here or refused by name: an unknown
 field is a 400 (as OpenAI answers), and so is a field in NOT_SUPPORTED set to anything but a
 value that asks for nothing (clients that send every field send those). Numbers must be finite:
-JSON's NaN is a number to Python, and NaN compares false with every bound.
+JSON's NaN is a number to Python, and NaN compares false with every bound. `check_limits`:
+what a request may ask beyond the schema (ServeConfig's limits on prompt and stop strings).
 """
 
 import json
@@ -12,6 +13,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from protos import trainer_config_pb2
 from trainer.inference.grammar import Constraint, Format, problem
 
 # Fields of OpenAI's completion and chat requests this server does not implement, each with
@@ -181,3 +183,26 @@ def validation_refusal(errors: list[dict]) -> ApiError:
     if kind == "extra_forbidden":
         return ApiError(400, f"{param}: unrecognized request argument", param)
     return ApiError(400, f"{param}: {first.get('msg')}", param)
+
+
+def check_limits(
+    text: str, field: str, stop: tuple[str, ...], limits: trainer_config_pb2.ServeConfig
+) -> None:
+    """What one request may ask beyond the schema (ServeConfig's limits), checked before the
+    prompt is tokenized: a 400 naming the field."""
+    if len(text) > limits.max_prompt_chars:
+        problem = (
+            f"{field}: {len(text):,} characters; this server takes at most "
+            f"{limits.max_prompt_chars:,} (serve.max_prompt_chars)"
+        )
+        raise ApiError(400, problem, field)
+    if len(stop) > limits.max_stop:
+        problem = f"stop: {len(stop):,} stop strings; at most {limits.max_stop} (serve.max_stop)"
+        raise ApiError(400, problem, "stop")
+    for i, s in enumerate(stop):
+        if len(s) > limits.max_stop_chars:
+            problem = (
+                f"stop[{i}]: {len(s):,} characters; at most {limits.max_stop_chars} "
+                "(serve.max_stop_chars)"
+            )
+            raise ApiError(400, problem, "stop")
