@@ -24,10 +24,9 @@ def run(monkeypatch, tmp_path, main, *argv) -> tuple[int, ET.Element]:
 
 
 def test_ruff_writes_a_failure_with_its_output_and_a_pass(monkeypatch, tmp_path):
-    config = RUFF_TOML
     bad = tmp_path / "bad.py"
     bad.write_text("import os\n")  # unused import
-    code, root = run(monkeypatch, tmp_path, ruff_check.main, config, str(bad))
+    code, root = run(monkeypatch, tmp_path, ruff_check.main, RUFF_TOML, str(bad))
     assert code == 1
     suite = root.find("testsuite")
     assert suite is not None and suite.get("name") == "//pkg:some_test"
@@ -36,7 +35,7 @@ def test_ruff_writes_a_failure_with_its_output_and_a_pass(monkeypatch, tmp_path)
     assert failure is not None and "F401" in (failure.text or "")
 
     bad.write_text('"""Fine."""\n')
-    code, root = run(monkeypatch, tmp_path, ruff_check.main, config, str(bad))
+    code, root = run(monkeypatch, tmp_path, ruff_check.main, RUFF_TOML, str(bad))
     assert code == 0 and root.find("testsuite/testcase/failure") is None
 
 

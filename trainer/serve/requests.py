@@ -191,18 +191,18 @@ def check_limits(
     """What one request may ask beyond the schema (ServeConfig's limits), checked before the
     prompt is tokenized: a 400 naming the field."""
     if len(text) > limits.max_prompt_chars:
-        problem = (
+        message = (
             f"{field}: {len(text):,} characters; this server takes at most "
             f"{limits.max_prompt_chars:,} (serve.max_prompt_chars)"
         )
-        raise ApiError(400, problem, field)
+        raise ApiError(400, message, field)
     if len(stop) > limits.max_stop:
-        problem = f"stop: {len(stop):,} stop strings; at most {limits.max_stop} (serve.max_stop)"
-        raise ApiError(400, problem, "stop")
+        message = f"stop: {len(stop):,} stop strings; at most {limits.max_stop} (serve.max_stop)"
+        raise ApiError(400, message, "stop")
     for i, s in enumerate(stop):
         if len(s) > limits.max_stop_chars:
-            problem = (
+            message = (
                 f"stop[{i}]: {len(s):,} characters; at most {limits.max_stop_chars} "
                 "(serve.max_stop_chars)"
             )
-            raise ApiError(400, problem, "stop")
+            raise ApiError(400, message, "stop")
