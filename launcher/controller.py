@@ -347,7 +347,13 @@ class Controller:
         """One pass: plan, then act. Its duration (the decision, without starting processes
         or signalling them) is kitchen_scheduler_pass_duration_seconds."""
         started = time.perf_counter()
-        plan = self._plan(self.jobs.demands(skip=self.steps.doomed), self.jobs.holdings(), now)
+        demands = self.jobs.demands(skip=self.steps.doomed)
+        plan, failed = scheduler.plan_around_failures(
+            self.pools, self.quotas, demands, self.jobs.holdings(), now
+        )
+        for job_id, e in failed.items():
+            log.error("%s: the scheduler cannot place it", job_id, exc_info=e)
+            self.steps.fail(job_id, f"launcher error while scheduling it: {type(e).__name__}: {e}")
         for job_id, hold in self._holds.items():
             if job_id in plan.waiting:
                 plan.waiting[job_id] = f"the launcher could not store its start ({hold.error})"
@@ -369,25 +375,6 @@ class Controller:
             )
         self.jobs.update_fleet(self.pools)
         self.events.publish_many(changed)
-
-    def _plan(self, demands, holdings, now) -> scheduler.Plan:
-        """scheduler.plan; when it raises, the demands that make it raise alone are FAILED and
-        the rest is planned (a failure that no queued job explains fails the pass)."""
-        try:
-            return scheduler.plan(self.pools, self.quotas, demands, holdings, now)
-        except Exception:
-            scheduler.plan(self.pools, self.quotas, [], holdings, now)  # raises: not theirs
-        sound = []
-        for d in demands:
-            try:
-                scheduler.plan(self.pools, self.quotas, [d], holdings, now)
-                sound.append(d)
-            except Exception as e:
-                log.error("%s: the scheduler cannot place it", d.job_id, exc_info=e)
-                self.steps.fail(
-                    d.job_id, f"launcher error while scheduling it: {type(e).__name__}: {e}"
-                )
-        return scheduler.plan(self.pools, self.quotas, sound, holdings, now)
 
     def _start(self, queued: Queued, allocation, now):
         starting = transitions.started(queued.job, allocation, now)

@@ -230,6 +230,26 @@ def plan(pools: dict, quotas: dict, pending, holdings, now: float) -> Plan:
     return p.out
 
 
+def plan_around_failures(
+    pools: dict, quotas: dict, pending, holdings, now: float
+) -> tuple[Plan, dict[str, Exception]]:
+    """`plan`, and when it raises, the demands that make it raise alone are left out (returned
+    with their errors, for the launcher to fail) and the rest is planned. A failure that no
+    queued job explains (it raises with none queued) is raised: the pass fails, not a job."""
+    try:
+        return plan(pools, quotas, pending, holdings, now), {}
+    except Exception:
+        plan(pools, quotas, [], holdings, now)  # raises: not a job's doing
+    sound, failed = [], {}
+    for d in pending:
+        try:
+            plan(pools, quotas, [d], holdings, now)
+            sound.append(d)
+        except Exception as e:
+            failed[d.job_id] = e
+    return plan(pools, quotas, sound, holdings, now), failed
+
+
 def plan_job_by_job(pools: dict, quotas: dict, pending, holdings, now: float) -> Plan:
     """The rules applied to every queued job in turn: the plain statement of what `plan`
     computes (scheduler_test checks that they agree; the benchmark times both)."""

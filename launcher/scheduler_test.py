@@ -193,6 +193,25 @@ def test_plan_equals_the_rules_applied_job_by_job(monkeypatch):
     assert sum(n > 10 for n in swept) > 100 and len(swept) < 400
 
 
+def test_a_demand_the_rules_choke_on_is_left_out_and_the_rest_planned():
+    pending = [demand("a", 1), demand("broken", 2, pool="gone"), demand("b", 3)]
+    with pytest.raises(KeyError):
+        plan(CPU, {}, pending, [], now=0)
+    p, failed = scheduler.plan_around_failures(CPU, {}, pending, [], now=0)
+    assert list(p.start) == ["a", "b"]
+    assert list(failed) == ["broken"] and isinstance(failed["broken"], KeyError)
+    assert scheduler.plan_around_failures(CPU, {}, pending[:1], [], now=0)[1] == {}
+
+
+def test_a_failure_no_queued_job_explains_fails_the_pass(monkeypatch):
+    def broken(pools, quotas, pending, holdings, now):
+        raise RuntimeError("the pass itself")
+
+    monkeypatch.setattr(scheduler, "plan", broken)
+    with pytest.raises(RuntimeError, match="the pass itself"):
+        scheduler.plan_around_failures(CPU, {}, [demand("a", 1)], [], now=0)
+
+
 def test_queue_order_is_priority_then_seq_for_any_rowid():
     pending = [demand("low", 1, priority=-3), demand("last", 2**63 - 1), demand("first", 5)]
     pending += [demand("vip", 2**62, priority=2**31 - 1)]
